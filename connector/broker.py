@@ -1,0 +1,116 @@
+"""Driver-side questions to the brokers: which partitions, and their offsets, in batched
+requests with bounded time."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Callable, Iterable, TypeVar
+
+from confluent_kafka import KafkaException, TopicPartition as KafkaTP
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from kwatermark.errors import BrokerError
+from kwatermark.offsets import TopicPartition
+from kwatermark.options import SourceOptions, Subscription
+
+log = logging.getLogger("kwatermark.broker")
+
+T = TypeVar("T")
+
+
+class KafkaMetadata:
+    """One AdminClient per driver process, created on first use (the reader is pickled)."""
+
+    def __init__(self, options: SourceOptions):
+        self.options = options
+        self._admin: AdminClient | None = None
+
+    def __getstate__(self) -> dict:
+        return {"options": self.options, "_admin": None}
+
+    @property
+    def admin(self) -> AdminClient:
+        if self._admin is None:
+            conf = self.options.consumer_conf()
+            conf["logger"] = logging.getLogger("kwatermark.librdkafka")
+            self._admin = AdminClient(conf)
+        return self._admin
+
+    @property
+    def timeout_s(self) -> float:
+        return self.options.poll_timeout_ms / 1000.0
+
+    def _retrying(self, what: str, call: Callable[[], T]) -> T:
+        """Retry as ``fetchOffset.numRetries``/``retryIntervalMs`` say, then fail naming the
+        brokers; the whole call is bounded by ``kafkaConsumer.pollTimeoutMs`` per attempt."""
+        attempts = self.options.fetch_offset_retries + 1
+        for attempt in range(attempts):
+            try:
+                return call()
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else exc
+                if attempt + 1 >= attempts:
+                    raise BrokerError(
+                        f"{what} failed against kafka.bootstrap.servers="
+                        f"{self.options.bootstrap_servers!r}: {error} (waited up to "
+                        f"{self.options.poll_timeout_ms} ms per attempt, "
+                        f"kafkaConsumer.pollTimeoutMs; {attempts} attempt(s), "
+                        f"fetchOffset.numRetries)") from exc
+                time.sleep(self.options.fetch_offset_retry_interval_ms / 1000.0)
+        raise AssertionError("unreachable")
+
+    def topics(self) -> dict[str, int]:
+        """Topic -> partition count, for every topic the brokers know."""
+        def fetch():
+            metadata = self.admin.list_topics(timeout=self.timeout_s)
+            return {name: len(t.partitions) for name, t in metadata.topics.items()
+                    if t.error is None}
+        return self._retrying("listing topics", fetch)
+
+    def assigned_partitions(self, subscription: Subscription) -> list[TopicPartition]:
+        """The partitions the subscription covers right now (Spark's semantics: a subscribed
+        topic that does not exist yet has no partitions; a pattern must match the whole
+        name; internal topics never match)."""
+        if subscription.kind == "assign":
+            return list(subscription.assigned)
+        topics = self.topics()
+        if subscription.kind == "subscribe":
+            names = [t for t in subscription.topics if t in topics]
+        else:
+            pattern = re.compile(subscription.pattern)
+            names = [t for t in topics if not t.startswith("__") and pattern.fullmatch(t)]
+        return sorted((t, p) for t in names for p in range(topics[t]))
+
+    def _list_offsets(self, what: str, specs: dict[TopicPartition, OffsetSpec]
+                      ) -> dict[TopicPartition, int]:
+        if not specs:
+            return {}
+        isolation = dict(self.options.kafka_conf).get("isolation.level", "read_uncommitted")
+
+        def fetch():
+            from confluent_kafka import IsolationLevel
+            level = (IsolationLevel.READ_COMMITTED if isolation == "read_committed"
+                     else IsolationLevel.READ_UNCOMMITTED)
+            futures = self.admin.list_offsets(
+                {KafkaTP(t, p): spec for (t, p), spec in specs.items()},
+                isolation_level=level, request_timeout=self.timeout_s)
+            return {(tp.topic, tp.partition): future.result().offset
+                    for tp, future in futures.items()}
+        return self._retrying(what, fetch)
+
+    def latest_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """End offsets of all partitions in one batched ListOffsets request per leader."""
+        return self._list_offsets("fetching end offsets",
+                                  {tp: OffsetSpec.latest() for tp in tps})
+
+    def earliest_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return self._list_offsets("fetching earliest offsets",
+                                  {tp: OffsetSpec.earliest() for tp in tps})
+
+    def offsets_for_times(self, times: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """First offset with timestamp >= the time, or -1 when there is none (broker's
+        timestamp index)."""
+        return self._list_offsets("looking up offsets by timestamp",
+                                  {tp: OffsetSpec.for_timestamp(ts) for tp, ts in times.items()})

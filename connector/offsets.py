@@ -1,0 +1,213 @@
+"""The offset Spark checkpoints, and the pure arithmetic of planning a batch (DESIGN §4).
+
+An offset is ``{"v": 1, "watermark": W, "partitions": {"topic:p": {"from": s, "to": e,
+"state": {...}}}}``: the batch reads ``[from, to)`` of each partition starting from ``state``
+(the partition's generator and idle state at ``from``), and ``watermark`` is the combined
+watermark at the batch start: the floor of every row's watermark in the batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+
+from kwatermark.errors import KWatermarkError
+
+OFFSET_VERSION = 1
+
+TopicPartition = tuple[str, int]
+
+
+def tp_key(tp: TopicPartition) -> str:
+    return f"{tp[0]}:{tp[1]}"
+
+
+def parse_tp_key(key: str) -> TopicPartition:
+    topic, sep, partition = key.rpartition(":")
+    if not sep or not topic or not partition.lstrip("-").isdigit():
+        raise OffsetFormatError(f"offset: partition key {key!r} is not 'topic:partition'")
+    return topic, int(partition)
+
+
+class OffsetFormatError(KWatermarkError):
+    """An offset restored from a checkpoint cannot be understood."""
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """One partition's progress at an offset: its generator snapshot and idle bookkeeping."""
+
+    generator: object = None           # the generator's JSON snapshot; None = fresh
+    max_event_ms: int | None = None    # highest event time read so far
+    advanced_ms: int | None = None     # floor set by an idle policy's "advance"
+    last_read_ms: int = 0              # processing time its records were last planned
+    idle: str = "count"                # decision in force: "count", "exclude", "advance"
+
+    def to_json(self) -> dict:
+        return {"gen": self.generator, "maxEvent": self.max_event_ms,
+                "advanced": self.advanced_ms, "lastRead": self.last_read_ms,
+                "idle": self.idle}
+
+    @classmethod
+    def from_json(cls, where: str, data: object) -> PartitionState:
+        if not isinstance(data, dict):
+            raise OffsetFormatError(f"offset: {where}: state must be an object, got {data!r}")
+        idle = data.get("idle", "count")
+        if idle not in ("count", "exclude", "advance"):
+            raise OffsetFormatError(f"offset: {where}: unknown idle decision {idle!r}")
+        return cls(
+            generator=data.get("gen"),
+            max_event_ms=_optional_int(where, "maxEvent", data.get("maxEvent")),
+            advanced_ms=_optional_int(where, "advanced", data.get("advanced")),
+            last_read_ms=_optional_int(where, "lastRead", data.get("lastRead")) or 0,
+            idle=idle,
+        )
+
+
+@dataclass(frozen=True)
+class PartitionRange:
+    start: int
+    end: int
+    state: PartitionState = field(default_factory=PartitionState)
+
+
+@dataclass(frozen=True)
+class BatchOffset:
+    watermark: int | None
+    partitions: dict[TopicPartition, PartitionRange]
+
+    def to_json(self) -> dict:
+        return {
+            "v": OFFSET_VERSION,
+            "watermark": self.watermark,
+            "partitions": {
+                tp_key(tp): {"from": r.start, "to": r.end, "state": r.state.to_json()}
+                for tp, r in sorted(self.partitions.items())
+            },
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, data: object) -> BatchOffset:
+        """Parse and validate an offset, e.g. one restored from a checkpoint."""
+        if isinstance(data, str):
+            try:
+                data = json.loads(data)
+            except json.JSONDecodeError as exc:
+                raise OffsetFormatError(f"offset: malformed JSON: {exc}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("partitions"), dict):
+            raise OffsetFormatError(f"offset: expected an object with 'partitions', got "
+                                    f"{str(data)[:200]!r} (was the checkpoint written by "
+                                    f"another source?)")
+        version = data.get("v", OFFSET_VERSION)
+        if version != OFFSET_VERSION:
+            raise OffsetFormatError(f"offset: version {version!r} is not supported by this "
+                                    f"kwatermark (supports {OFFSET_VERSION})")
+        partitions = {}
+        for key, entry in data["partitions"].items():
+            tp = parse_tp_key(key)
+            if not isinstance(entry, dict):
+                raise OffsetFormatError(f"offset: {key}: expected an object, got {entry!r}")
+            start = _optional_int(key, "from", entry.get("from"))
+            end = _optional_int(key, "to", entry.get("to"))
+            if start is None or end is None or start < 0 or end < start:
+                raise OffsetFormatError(f"offset: {key}: invalid range from={start} to={end}")
+            partitions[tp] = PartitionRange(start, end, PartitionState.from_json(
+                key, entry.get("state", {})))
+        return cls(_optional_int("offset", "watermark", data.get("watermark")), partitions)
+
+
+def _optional_int(where: str, name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OffsetFormatError(f"offset: {where}: {name} must be an integer, got {value!r}")
+    return value
+
+
+def rate_limit(begins: dict[TopicPartition, int], ends: dict[TopicPartition, int],
+               max_rows: int) -> dict[TopicPartition, int]:
+    """Split ``max_rows`` across partitions in proportion to their lag, never exceeding it.
+
+    Shares are floored, and the rows left over go to the largest remainders (ties: larger
+    lag, then topic/partition order). Unlike Spark, which rounds small shares up to 1 and can
+    overshoot the limit, the total here never exceeds ``max_rows``.
+    """
+    lags = {tp: ends[tp] - begins[tp] for tp in ends if ends[tp] > begins[tp]}
+    total = sum(lags.values())
+    if total <= max_rows:
+        return dict(ends)
+    shares = {tp: max_rows * lag / total for tp, lag in lags.items()}
+    taken = {tp: min(lags[tp], math.floor(share)) for tp, share in shares.items()}
+    left = max_rows - sum(taken.values())
+    by_remainder = sorted(lags, key=lambda tp: (-(shares[tp] - taken[tp]), -lags[tp], tp))
+    for tp in by_remainder:
+        if left <= 0:
+            break
+        if taken[tp] < lags[tp]:
+            taken[tp] += 1
+            left -= 1
+    return {tp: begins[tp] + taken[tp] if tp in taken else ends[tp] for tp in ends}
+
+
+@dataclass(frozen=True)
+class RangeTask:
+    """One Spark task's work: ``[start, end)`` of one partition, and all it needs to compute
+    every row's watermark deterministically (DESIGN §4)."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    state: PartitionState
+    counted: bool
+    previous_ms: int | None   # combined watermark at the batch start
+    others_ms: int            # min over the other counted partitions (watermarks.UNDEFINED /
+    # NO_PARTITIONS sentinels included)
+
+    @property
+    def tp(self) -> TopicPartition:
+        return self.topic, self.partition
+
+
+def split_range(start: int, end: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous, nearly equal sub-ranges of ``[start, end)``."""
+    parts = max(1, min(parts, end - start))
+    size, extra = divmod(end - start, parts)
+    bounds, pos = [], start
+    for i in range(parts):
+        step = size + (1 if i < extra else 0)
+        bounds.append((pos, pos + step))
+        pos += step
+    return bounds
+
+
+def plan_splits(ranges: dict[TopicPartition, tuple[int, int]], min_partitions: int | None,
+                max_records: int | None, splittable: bool
+                ) -> dict[TopicPartition, list[tuple[int, int]]]:
+    """Sub-ranges per partition, as Spark's KafkaOffsetRangeCalculator does for
+    ``minPartitions`` (proportional to size) and ``maxRecordsPerPartition``."""
+    nonempty = {tp: r for tp, r in ranges.items() if r[1] > r[0]}
+    splits = {tp: [r] for tp, r in nonempty.items()}
+    if not splittable:
+        return splits
+    if max_records:
+        splits = {tp: split_range(s, e, math.ceil((e - s) / max_records))
+                  for tp, (s, e) in nonempty.items()}
+    if min_partitions and sum(len(v) for v in splits.values()) < min_partitions:
+        total = sum(e - s for s, e in nonempty.values())
+        ideal = total / min_partitions
+        splits = {tp: [piece for s, e in splits[tp]
+                       for piece in split_range(s, e, max(1, round((e - s) / ideal)))]
+                  for tp in nonempty}
+    return splits
+
+
+def with_state(offset: BatchOffset, tp: TopicPartition, **changes) -> BatchOffset:
+    partitions = dict(offset.partitions)
+    current = partitions[tp]
+    partitions[tp] = replace(current, state=replace(current.state, **changes))
+    return replace(offset, partitions=partitions)

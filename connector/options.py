@@ -1,0 +1,484 @@
+"""Parsing and validation of every source option, up front, into frozen dataclasses.
+
+Option names are case-insensitive, as in Spark. Every option of Spark's Kafka source that
+makes sense for librdkafka keeps its name, default and meaning; the rest fail here with a
+message naming the option. See docs/options.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from difflib import get_close_matches
+from typing import Mapping
+
+from kwatermark.errors import OptionError
+
+# Spark's own Kafka options (case-insensitive) plus kwatermark's. kafka.* is passed through.
+SPARK_KAFKA_OPTIONS = (
+    "subscribe", "subscribePattern", "assign",
+    "startingOffsets", "endingOffsets",
+    "startingOffsetsByTimestamp", "endingOffsetsByTimestamp",
+    "startingTimestamp", "endingTimestamp", "startingOffsetsByTimestampStrategy",
+    "failOnDataLoss", "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
+    "minPartitions", "maxRecordsPerPartition", "includeHeaders",
+    "kafkaConsumer.pollTimeoutMs", "fetchOffset.numRetries", "fetchOffset.retryIntervalMs",
+    "groupIdPrefix",
+)
+KWATERMARK_OPTIONS = (
+    "eventTime.field", "eventTime.assigner",
+    "watermark.strategy", "watermark.maxOutOfOrderness", "watermark.punctuation",
+    "watermark.stateLocation",
+    "idle.policy", "idle.timeout", "idle.maxDelay",
+    "lateRecords", "allowedLateness",
+    "key.format", "value.format", "key.onError", "value.onError",
+    "arrow.maxRecordsPerBatch",
+)
+# Serde options are open-ended (schemas, registry auth); they are validated by kwatermark.serde.
+SERDE_PREFIXES = ("key.avro.", "value.avro.", "key.json.", "value.json.",
+                  "key.schema.registry.", "value.schema.registry.")
+# Plug-in options are passed through to user classes with their full names.
+PLUGIN_PREFIXES = ("watermark.", "idle.")
+
+_CANONICAL = {name.lower(): name for name in SPARK_KAFKA_OPTIONS + KWATERMARK_OPTIONS}
+
+# kafka.* keys that Spark's source rejects, or that the reader must own, with the reason.
+REJECTED_KAFKA_KEYS = {
+    "group.id": None,  # allowed, see below: Spark accepts kafka.group.id
+    "auto.offset.reset": "set the source option 'startingOffsets' instead; the source owns "
+                         "offset positioning",
+    "key.deserializer": "keys are always read as bytes; use 'key.format' to decode them",
+    "value.deserializer": "values are always read as bytes; use 'value.format' to decode them",
+    "enable.auto.commit": "the source does not commit offsets to Kafka; progress lives in "
+                          "Spark's checkpoint",
+    "interceptor.classes": "Java consumer interceptors do not exist in librdkafka",
+    "enable.partition.eof": "the reader needs end-of-partition events to stop at gaps",
+    "sasl.jaas.config": "librdkafka has no JAAS: use kafka.sasl.mechanism, "
+                        "kafka.sasl.username and kafka.sasl.password",
+    "ssl.truststore.location": "librdkafka reads PEM files: use kafka.ssl.ca.location",
+    "ssl.keystore.location": "librdkafka reads PEM files: use kafka.ssl.certificate.location "
+                             "and kafka.ssl.key.location",
+}
+
+SECRET_MARKERS = ("password", "secret", "jaas", "user.info", "token", "credentials")
+
+STRATEGIES = ("monotonous", "bounded", "punctuated", "none")
+IDLE_POLICIES = ("none", "timeout", "caught-up", "advance")
+LATE_MODES = ("keep", "flag", "drop")
+ON_ERROR_MODES = ("fail", "null")
+TIMESTAMP_STRATEGIES = ("error", "latest")
+
+EARLIEST = -2
+LATEST = -1
+
+_UNIT_MS = {
+    "ms": 1, "millisecond": 1, "milliseconds": 1, "msec": 1, "msecs": 1,
+    "us": 0.001, "microsecond": 0.001, "microseconds": 0.001,
+    "s": 1000, "sec": 1000, "secs": 1000, "second": 1000, "seconds": 1000,
+    "m": 60_000, "min": 60_000, "mins": 60_000, "minute": 60_000, "minutes": 60_000,
+    "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
+    "d": 86_400_000, "day": 86_400_000, "days": 86_400_000,
+    "week": 604_800_000, "weeks": 604_800_000,
+}
+_DURATION_PART = re.compile(r"\s*(-?\d+(?:\.\d+)?)\s*([a-z]+)\s*")
+
+
+def is_secret(key: str) -> bool:
+    """True for option names whose values must never be logged or shown."""
+    lowered = key.lower()
+    return any(marker in lowered for marker in SECRET_MARKERS)
+
+
+def redact(options: Mapping[str, str]) -> dict[str, str]:
+    return {k: ("***" if is_secret(k) else v) for k, v in options.items()}
+
+
+def parse_duration_ms(option: str, text: str) -> int:
+    """Milliseconds from a Spark interval string: ``"5 seconds"``, ``"1 minute 30 seconds"``,
+    ``"interval 250 milliseconds"``, ``"10s"``, ``"100ms"``; a bare number is milliseconds."""
+    raw = text.strip().lower()
+    if raw.startswith("interval "):
+        raw = raw[len("interval "):]
+    if re.fullmatch(r"\d+", raw):
+        return int(raw)
+    total = 0.0
+    pos = 0
+    for match in _DURATION_PART.finditer(raw):
+        if match.start() != pos or match.group(2) not in _UNIT_MS:
+            break
+        total += float(match.group(1)) * _UNIT_MS[match.group(2)]
+        pos = match.end()
+    if pos != len(raw) or not raw:
+        raise OptionError(
+            f"option {option}: cannot parse duration {text!r}; use a Spark interval string "
+            f"such as '5 seconds', '250 milliseconds' or '1 minute'")
+    if total < 0:
+        raise OptionError(f"option {option}: duration {text!r} is negative")
+    return int(round(total))
+
+
+def _parse_bool(option: str, text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    raise OptionError(f"option {option}: expected 'true' or 'false', got {text!r}")
+
+
+def _parse_int(option: str, text: str, minimum: int) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise OptionError(f"option {option}: expected a whole number, got {text!r}") from None
+    if value < minimum:
+        raise OptionError(f"option {option}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _parse_choice(option: str, text: str, choices: tuple[str, ...], plugin: bool = False) -> str:
+    lowered = text.strip().lower()
+    if lowered in choices:
+        return lowered
+    if plugin and ":" in text:
+        return text.strip()
+    accepted = ", ".join(choices) + (", or 'package.module:ClassName'" if plugin else "")
+    raise OptionError(f"option {option}: unknown value {text!r}; accepted: {accepted}")
+
+
+def _parse_json(option: str, text: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise OptionError(f"option {option}: malformed JSON ({exc.msg} at char {exc.pos}): "
+                          f"{text!r}") from None
+
+
+def _parse_partition_map(option: str, text: str, *, values: str) -> dict[tuple[str, int], int]:
+    """``{"topic": {"0": 23, "1": -2}}`` -> ``{("topic", 0): 23, ...}``."""
+    parsed = _parse_json(option, text)
+    if not isinstance(parsed, dict) or not all(isinstance(v, dict) for v in parsed.values()):
+        raise OptionError(f"option {option}: expected a JSON object of topic -> "
+                          f"{{partition: {values}}}, e.g. {{\"events\": {{\"0\": 23}}}}")
+    result: dict[tuple[str, int], int] = {}
+    for topic, partitions in parsed.items():
+        for partition, value in partitions.items():
+            try:
+                pnum = int(partition)
+            except ValueError:
+                raise OptionError(f"option {option}: topic {topic}: partition {partition!r} "
+                                  f"is not a number") from None
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise OptionError(f"option {option}: topic {topic} partition {pnum}: "
+                                  f"{values} must be an integer, got {value!r}")
+            result[(topic, pnum)] = value
+    return result
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """Exactly one of Spark's three ways to choose partitions."""
+
+    kind: str  # "subscribe", "subscribePattern" or "assign"
+    topics: tuple[str, ...] = ()
+    pattern: str | None = None
+    assigned: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class OffsetBound:
+    """Where a read starts or ends: ``earliest``/``latest``, per-partition offsets, or times.
+
+    ``offsets`` values may be EARLIEST (-2) or LATEST (-1). ``timestamps`` map partitions to
+    epoch ms; ``timestamp`` applies to every partition.
+    """
+
+    kind: str  # "earliest", "latest", "offsets", "timestamps", "timestamp"
+    offsets: tuple[tuple[tuple[str, int], int], ...] = ()
+    timestamp: int | None = None
+
+
+@dataclass(frozen=True)
+class WatermarkConfig:
+    strategy: str = "monotonous"
+    max_out_of_orderness_ms: int = 0
+    punctuation: str | None = None
+    event_time_field: str | None = None
+    event_time_assigner: str | None = None
+    plugin_options: tuple[tuple[str, str], ...] = ()
+
+    def fingerprint(self) -> dict:
+        """What a partition's watermark state depends on (keys the progress ledger)."""
+        return {
+            "strategy": self.strategy, "bound": self.max_out_of_orderness_ms,
+            "punctuation": self.punctuation, "field": self.event_time_field,
+            "assigner": self.event_time_assigner, "options": list(self.plugin_options),
+        }
+
+
+@dataclass(frozen=True)
+class IdleConfig:
+    policy: str = "none"
+    timeout_ms: int = 30_000
+    max_delay_ms: int = 0
+    plugin_options: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Every option, validated. Built once on the driver and pickled to executors."""
+
+    bootstrap_servers: str
+    kafka_conf: tuple[tuple[str, str], ...]
+    subscription: Subscription
+    starting: OffsetBound
+    ending: OffsetBound
+    timestamp_strategy: str = "error"
+    fail_on_data_loss: bool = True
+    max_offsets_per_trigger: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60_000
+    min_partitions: int | None = None
+    max_records_per_partition: int | None = None
+    include_headers: bool = False
+    poll_timeout_ms: int = 120_000
+    fetch_offset_retries: int = 3
+    fetch_offset_retry_interval_ms: int = 10
+    group_id_prefix: str = "kwatermark"
+    group_id: str | None = None
+    watermark: WatermarkConfig = field(default_factory=WatermarkConfig)
+    idle: IdleConfig = field(default_factory=IdleConfig)
+    late_records: str = "keep"
+    allowed_lateness_ms: int = 0
+    state_location: str = ""
+    serde_options: tuple[tuple[str, str], ...] = ()
+    key_format: str = "binary"
+    value_format: str = "binary"
+    key_on_error: str = "fail"
+    value_on_error: str = "fail"
+    max_records_per_batch: int = 10_000
+
+    def consumer_conf(self) -> dict[str, str]:
+        """librdkafka configuration for every consumer and admin client the source creates."""
+        conf = {"bootstrap.servers": self.bootstrap_servers}
+        conf.update(dict(self.kafka_conf))
+        return conf
+
+
+def _canonical_key(key: str) -> str:
+    lowered = key.lower()
+    if lowered.startswith("kafka."):
+        return "kafka." + key[len("kafka."):]
+    if lowered in _CANONICAL:
+        return _CANONICAL[lowered]
+    for prefix in SERDE_PREFIXES + PLUGIN_PREFIXES:
+        if lowered.startswith(prefix):
+            return key
+    close = get_close_matches(lowered, list(_CANONICAL), n=1)
+    hint = f"; did you mean '{_CANONICAL[close[0]]}'?" if close else ""
+    raise OptionError(f"unknown option '{key}'{hint} (see docs/options.md; librdkafka "
+                      f"properties take the 'kafka.' prefix)")
+
+
+def _subscription(opts: Mapping[str, str]) -> Subscription:
+    given = [name for name in ("subscribe", "subscribePattern", "assign") if name in opts]
+    if len(given) != 1:
+        raise OptionError("exactly one of the options 'subscribe', 'subscribePattern' or "
+                          f"'assign' must be set; got {given or 'none'}")
+    kind = given[0]
+    text = opts[kind]
+    if kind == "subscribe":
+        topics = tuple(t.strip() for t in text.split(",") if t.strip())
+        if not topics:
+            raise OptionError("option subscribe: give one or more comma-separated topics")
+        return Subscription(kind, topics=topics)
+    if kind == "subscribePattern":
+        try:
+            re.compile(text)
+        except re.error as exc:
+            raise OptionError(f"option subscribePattern: invalid regex {text!r}: {exc}") from None
+        return Subscription(kind, pattern=text)
+    parsed = _parse_json("assign", text)
+    if not isinstance(parsed, dict) or not parsed or not all(
+            isinstance(v, list) and all(isinstance(p, int) for p in v) for v in parsed.values()):
+        raise OptionError("option assign: expected JSON like {\"topicA\": [0, 1]}, "
+                          f"got {text!r}")
+    pairs = tuple(sorted((t, p) for t, parts in parsed.items() for p in parts))
+    return Subscription(kind, assigned=pairs)
+
+
+def _offset_bound(opts: Mapping[str, str], which: str, default: str, streaming: bool
+                  ) -> OffsetBound:
+    by_ts = f"{which}OffsetsByTimestamp"
+    global_ts = f"{which}Timestamp"
+    offsets = f"{which}Offsets"
+    if global_ts in opts:
+        return OffsetBound("timestamp", timestamp=_parse_int(global_ts, opts[global_ts], 0))
+    if by_ts in opts:
+        parsed = _parse_partition_map(by_ts, opts[by_ts], values="timestamp")
+        return OffsetBound("timestamps", offsets=tuple(sorted(parsed.items())))
+    text = opts.get(offsets, default).strip()
+    if text.lower() in ("earliest", "latest"):
+        kind = text.lower()
+        if which == "starting" and kind == "latest" and not streaming:
+            raise OptionError("option startingOffsets: 'latest' is not allowed for batch "
+                              "queries (it would read nothing); use 'earliest' or JSON")
+        if which == "ending" and kind == "earliest":
+            raise OptionError("option endingOffsets: 'earliest' is not allowed; use 'latest' "
+                              "or JSON")
+        return OffsetBound(kind)
+    parsed = _parse_partition_map(offsets, text, values="offset")
+    for (topic, partition), value in parsed.items():
+        if value < EARLIEST:
+            raise OptionError(f"option {offsets}: topic {topic} partition {partition}: offset "
+                              f"{value} is invalid (use >= 0, -2 for earliest, -1 for latest)")
+        if which == "ending" and value == EARLIEST:
+            raise OptionError(f"option {offsets}: topic {topic} partition {partition}: -2 "
+                              f"(earliest) is not allowed as an ending offset")
+        if which == "starting" and value == LATEST and not streaming:
+            raise OptionError(f"option {offsets}: topic {topic} partition {partition}: -1 "
+                              f"(latest) is not allowed as a starting offset of a batch query")
+    return OffsetBound("offsets", offsets=tuple(sorted(parsed.items())))
+
+
+def _kafka_conf(opts: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    conf = []
+    for key, value in opts.items():
+        if not key.startswith("kafka.") or key == "kafka.bootstrap.servers":
+            continue
+        name = key[len("kafka."):]
+        reason = REJECTED_KAFKA_KEYS.get(name.lower())
+        if reason:
+            raise OptionError(f"option kafka.{name} is not supported: {reason}")
+        conf.append((name, value))
+    return tuple(sorted(conf))
+
+
+def default_state_location() -> str:
+    return os.path.join(tempfile.gettempdir(), "kwatermark-ledger")
+
+
+def parse_options(raw: Mapping[str, str], *, streaming: bool = True) -> SourceOptions:
+    """Validate every option; raise OptionError naming the first bad one.
+
+    >>> parse_options({"kafka.bootstrap.servers": "localhost:9092", "subscribe": "events"})
+    ... # doctest: +ELLIPSIS
+    SourceOptions(bootstrap_servers='localhost:9092', ...)
+    """
+    opts: dict[str, str] = {}
+    for key, value in raw.items():
+        canonical = _canonical_key(str(key))
+        opts[canonical] = str(value)
+    lowered = {k.lower(): v for k, v in opts.items()}
+    servers = lowered.get("kafka.bootstrap.servers", "").strip()
+    if not servers:
+        raise OptionError("option kafka.bootstrap.servers is required, e.g. 'localhost:9092'")
+    group_id = lowered.get("kafka.group.id")
+    kafka_conf = tuple((k, v) for k, v in _kafka_conf(opts) if k.lower() != "group.id")
+
+    strategy = _parse_choice("watermark.strategy", opts.get("watermark.strategy", "monotonous"),
+                             STRATEGIES, plugin=True)
+    punctuation = opts.get("watermark.punctuation")
+    if strategy == "punctuated" and not punctuation:
+        raise OptionError("option watermark.punctuation is required when watermark.strategy "
+                          "is 'punctuated' (a 'package.module:function' predicate)")
+    if punctuation and ":" not in punctuation:
+        raise OptionError(f"option watermark.punctuation: expected 'package.module:function', "
+                          f"got {punctuation!r}")
+    assigner = opts.get("eventTime.assigner")
+    if assigner and ":" not in assigner:
+        raise OptionError(f"option eventTime.assigner: expected 'package.module:function', "
+                          f"got {assigner!r}")
+    field_path = opts.get("eventTime.field")
+    if field_path and assigner:
+        raise OptionError("options eventTime.field and eventTime.assigner conflict; set one")
+    value_format = _parse_choice("value.format", opts.get("value.format", "binary"),
+                                 ("binary", "string", "json", "avro", "avro-confluent"))
+    key_format = _parse_choice("key.format", opts.get("key.format", "binary"),
+                               ("binary", "string", "json", "avro", "avro-confluent"))
+    if field_path and value_format in ("binary", "string"):
+        raise OptionError("option eventTime.field needs a structured value.format "
+                          "(json, avro or avro-confluent)")
+    watermark = WatermarkConfig(
+        strategy=strategy,
+        max_out_of_orderness_ms=parse_duration_ms(
+            "watermark.maxOutOfOrderness", opts.get("watermark.maxOutOfOrderness", "0")),
+        punctuation=punctuation,
+        event_time_field=field_path,
+        event_time_assigner=assigner,
+        plugin_options=tuple(sorted((k, v) for k, v in opts.items()
+                                    if k.lower().startswith("watermark."))),
+    )
+    idle = IdleConfig(
+        policy=_parse_choice("idle.policy", opts.get("idle.policy", "none"), IDLE_POLICIES,
+                             plugin=True),
+        timeout_ms=parse_duration_ms("idle.timeout", opts.get("idle.timeout", "30 seconds")),
+        max_delay_ms=parse_duration_ms("idle.maxDelay", opts.get("idle.maxDelay", "0")),
+        plugin_options=tuple(sorted((k, v) for k, v in opts.items()
+                                    if k.lower().startswith("idle."))),
+    )
+
+    def optional_int(name: str, minimum: int) -> int | None:
+        return _parse_int(name, opts[name], minimum) if name in opts else None
+
+    max_per_trigger = optional_int("maxOffsetsPerTrigger", 1)
+    min_per_trigger = optional_int("minOffsetsPerTrigger", 1)
+    if max_per_trigger and min_per_trigger and min_per_trigger > max_per_trigger:
+        raise OptionError(f"option minOffsetsPerTrigger ({min_per_trigger}) is larger than "
+                          f"maxOffsetsPerTrigger ({max_per_trigger})")
+    if not streaming:
+        for name in ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay"):
+            if name in opts:
+                raise OptionError(f"option {name} applies to streaming queries only; a batch "
+                                  f"read (spark.read) reads the whole range")
+    elif any(name in opts for name in ("endingOffsets", "endingOffsetsByTimestamp",
+                                        "endingTimestamp")):
+        raise OptionError("options endingOffsets/endingOffsetsByTimestamp/endingTimestamp "
+                          "apply to batch queries only (spark.read), as in Spark")
+
+    state_location = opts.get("watermark.stateLocation") or default_state_location()
+    return SourceOptions(
+        bootstrap_servers=servers,
+        kafka_conf=kafka_conf,
+        subscription=_subscription(opts),
+        starting=_offset_bound(opts, "starting", "latest" if streaming else "earliest",
+                               streaming),
+        ending=(_offset_bound(opts, "ending", "latest", streaming) if not streaming
+                else OffsetBound("latest")),
+        timestamp_strategy=_parse_choice(
+            "startingOffsetsByTimestampStrategy",
+            opts.get("startingOffsetsByTimestampStrategy", "error"), TIMESTAMP_STRATEGIES),
+        fail_on_data_loss=_parse_bool("failOnDataLoss", opts.get("failOnDataLoss", "true")),
+        max_offsets_per_trigger=max_per_trigger,
+        min_offsets_per_trigger=min_per_trigger,
+        max_trigger_delay_ms=parse_duration_ms("maxTriggerDelay",
+                                               opts.get("maxTriggerDelay", "15m")),
+        min_partitions=optional_int("minPartitions", 1),
+        max_records_per_partition=optional_int("maxRecordsPerPartition", 1),
+        include_headers=_parse_bool("includeHeaders", opts.get("includeHeaders", "false")),
+        poll_timeout_ms=_parse_int("kafkaConsumer.pollTimeoutMs",
+                                   opts.get("kafkaConsumer.pollTimeoutMs", "120000"), 1),
+        fetch_offset_retries=_parse_int("fetchOffset.numRetries",
+                                        opts.get("fetchOffset.numRetries", "3"), 0),
+        fetch_offset_retry_interval_ms=_parse_int(
+            "fetchOffset.retryIntervalMs", opts.get("fetchOffset.retryIntervalMs", "10"), 0),
+        group_id_prefix=opts.get("groupIdPrefix", "kwatermark"),
+        group_id=group_id,
+        watermark=watermark,
+        idle=idle,
+        late_records=_parse_choice("lateRecords", opts.get("lateRecords", "keep"), LATE_MODES),
+        allowed_lateness_ms=parse_duration_ms("allowedLateness",
+                                              opts.get("allowedLateness", "0")),
+        state_location=state_location,
+        serde_options=tuple(sorted((k, v) for k, v in opts.items()
+                                   if k.lower().startswith(("key.", "value.")))),
+        key_format=key_format,
+        value_format=value_format,
+        key_on_error=_parse_choice("key.onError", opts.get("key.onError", "fail"),
+                                   ON_ERROR_MODES),
+        value_on_error=_parse_choice("value.onError", opts.get("value.onError", "fail"),
+                                     ON_ERROR_MODES),
+        max_records_per_batch=_parse_int("arrow.maxRecordsPerBatch",
+                                         opts.get("arrow.maxRecordsPerBatch", "10000"), 1),
+    )

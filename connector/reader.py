@@ -1,0 +1,297 @@
+"""The executor loop: read ``[start, end)`` of one partition into Arrow batches, computing
+every row's event time and watermark, and leave a progress record behind.
+
+    open consumer -> check the range still exists -> seek -> consume blocks ->
+    decode -> assign event times -> watermark rows -> Arrow batch -> progress record
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition as KafkaTP
+
+from kwatermark import arrow
+from kwatermark.errors import BrokerError, DataLossError, DecodeError, KWatermarkError
+from kwatermark.ledger import ProgressRecord
+from kwatermark.offsets import RangeTask
+from kwatermark.options import SourceOptions
+from kwatermark.records import RecordBlock
+from kwatermark.watermarks import (
+    UNDEFINED, from_optional, make_assigner, needs_records, restore_generator,
+    row_watermarks, to_optional, watermarks_before,
+)
+
+log = logging.getLogger("kwatermark.reader")
+
+# librdkafka's prefetch doubles consume throughput (DESIGN §9), but past the range's end it
+# only wastes memory and bandwidth: cap it at what the task still has to read.
+MAX_PREFETCH_MESSAGES = 500_000
+
+# Set only by the fault-injection tests: fail a task's first attempt mid-range.
+FAULT_ENV = "KWATERMARK_TEST_FAIL_ONCE_DIR"
+
+
+@dataclass
+class Decoders:
+    """The key/value deserializers and what to do when they fail (from kwatermark.serde)."""
+
+    key: object | None = None
+    value: object | None = None
+    key_on_error: str = "fail"
+    value_on_error: str = "fail"
+
+
+def open_consumer(options: SourceOptions, remaining: int) -> Consumer:
+    conf = options.consumer_conf()
+    conf.update({
+        "group.id": options.group_id or f"{options.group_id_prefix}-{uuid.uuid4().hex[:12]}",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "error",
+        "logger": logging.getLogger("kwatermark.librdkafka"),
+    })
+    conf.setdefault("queued.min.messages", max(1, min(remaining, MAX_PREFETCH_MESSAGES)))
+    try:
+        return Consumer(conf)
+    except KafkaException as exc:
+        raise KWatermarkError(f"cannot create a Kafka consumer from the kafka.* options: "
+                              f"{exc.args[0] if exc.args else exc}") from exc
+
+
+class RangeReader:
+    """Iterate the Arrow batches of one task; ``progress`` is set once the range is done.
+
+    >>> reader = RangeReader(options, layout, decoders, task)   # doctest: +SKIP
+    >>> for batch in reader: ...
+    >>> reader.progress.generator
+    """
+
+    def __init__(self, options: SourceOptions, layout: arrow.OutputLayout, decoders: Decoders,
+                 task: RangeTask):
+        self.options = options
+        self.layout = layout
+        self.decoders = decoders
+        self.task = task
+        self.generator = restore_generator(options.watermark, task.state.generator)
+        self.assigner = make_assigner(options.watermark)
+        self.per_record = needs_records(self.generator, self.assigner)
+        self.advanced = from_optional(task.state.advanced_ms)
+        self.previous = from_optional(task.previous_ms)
+        self.count = 0
+        self.min_event = None
+        self.max_event = None
+        self.max_row_watermark = UNDEFINED
+        self.progress: ProgressRecord | None = None
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        task = self.task
+        if task.end <= task.start:
+            self.progress = self._progress()
+            return
+        consumer = open_consumer(self.options, task.end - task.start)
+        try:
+            start, end = self._check_range(consumer)
+            if end > start:
+                consumer.assign([KafkaTP(task.topic, task.partition, start)])
+                for block in self._blocks(consumer, start, end):
+                    batch = self._process(block)
+                    if batch.num_rows:
+                        yield batch
+        finally:
+            consumer.close()
+        self.progress = self._progress()
+
+    def _check_range(self, consumer: Consumer) -> tuple[int, int]:
+        """Records planned earlier may be gone (retention, a deleted or recreated topic)."""
+        task = self.task
+        try:
+            low, high = consumer.get_watermark_offsets(
+                KafkaTP(task.topic, task.partition),
+                timeout=self.options.poll_timeout_ms / 1000.0, cached=False)
+        except KafkaException as exc:
+            raise BrokerError(
+                f"topic {task.topic}, partition {task.partition}: cannot fetch offsets from "
+                f"kafka.bootstrap.servers={self.options.bootstrap_servers!r}: "
+                f"{exc.args[0] if exc.args else exc}") from exc
+        start, end = task.start, task.end
+        if low > start:
+            self._data_loss(f"offsets [{start}, {min(low, end)}) are no longer available "
+                            f"(earliest is {low}; retention or deletion)")
+            start = min(low, end)
+        if high < end:
+            self._data_loss(f"offsets [{max(high, start)}, {end}) were planned but the "
+                            f"partition now ends at {high} (topic recreated or truncated)")
+            end = max(high, start)
+        return start, end
+
+    def _data_loss(self, detail: str) -> None:
+        message = (f"topic {self.task.topic}, partition {self.task.partition}: {detail}. "
+                   f"Set failOnDataLoss=false to skip lost records with a warning.")
+        if self.options.fail_on_data_loss:
+            raise DataLossError(message)
+        log.warning("data loss (failOnDataLoss=false): %s", message)
+
+    def _blocks(self, consumer: Consumer, start: int, end: int) -> Iterator[RecordBlock]:
+        task = self.task
+        size = self.options.max_records_per_batch
+        timeout = self.options.poll_timeout_ms / 1000.0
+        headers = [] if self.layout.include_headers else None
+        keys, values, offsets, ts, types = [], [], [], [], []
+        position = start
+        fault = _fault_point(task)
+        while position < end:
+            messages = consumer.consume(min(size - len(offsets), end - position), timeout)
+            if not messages:
+                raise BrokerError(
+                    f"topic {task.topic}, partition {task.partition}: no records at offset "
+                    f"{position} (range ends at {end}) within kafkaConsumer.pollTimeoutMs="
+                    f"{self.options.poll_timeout_ms} from kafka.bootstrap.servers="
+                    f"{self.options.bootstrap_servers!r}")
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    position = self._on_error(error, message, position, end)
+                    continue
+                offset = message.offset()
+                if offset >= end:
+                    position = end
+                    break
+                keys.append(message.key())
+                values.append(message.value())
+                offsets.append(offset)
+                kind, stamp = message.timestamp()
+                types.append(kind - 1)  # librdkafka 1/2 -> Kafka's Java ids 0/1
+                ts.append(stamp)
+                if headers is not None:
+                    headers.append(message.headers())
+                position = offset + 1
+            if fault is not None and position > fault:
+                _trip_fault(task)
+                fault = None
+            if len(offsets) >= size or (position >= end and offsets):
+                yield RecordBlock(
+                    task.topic, task.partition, keys, values,
+                    np.asarray(offsets, dtype=np.int64), np.asarray(ts, dtype=np.int64),
+                    np.asarray(types, dtype=np.int32),
+                    [_header_pairs(h) for h in headers] if headers is not None else None)
+                keys, values, offsets, ts, types = [], [], [], [], []
+                headers = [] if headers is not None else None
+
+    def _on_error(self, error: KafkaError, message, position: int, end: int) -> int:
+        task = self.task
+        if error.code() == KafkaError._PARTITION_EOF:
+            # Gaps (compaction, transaction markers) can end the log before `end`.
+            if message.offset() < end:
+                self._data_loss(f"the partition ended at offset {message.offset()} while "
+                                f"offsets up to {end} were planned")
+            return end
+        if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+            self._data_loss(f"offset {position} is out of range: {error.str()}")
+            return end
+        raise BrokerError(f"topic {task.topic}, partition {task.partition}, offset "
+                          f"{position}: {error.str()}")
+
+    def _process(self, block: RecordBlock) -> pa.RecordBatch:
+        columns = arrow.kafka_columns(self.layout, block.topic, block.partition, block.keys,
+                                      block.values, block.offsets, block.timestamps_ms,
+                                      block.timestamp_types, block.headers)
+        key_array, _ = self._decode(block, "key")
+        value_array, value_errors = self._decode(block, "value")
+        block.value_decoded = value_array
+        event_times, assign_errors = self.assigner.assign(block)
+        errors = _merge_errors(value_errors, assign_errors)
+        if errors is not None and self.decoders.value_on_error == "fail":
+            first = next(i for i, e in enumerate(errors) if e)
+            raise DecodeError(f"topic {block.topic}, partition {block.partition}, offset "
+                              f"{int(block.offsets[first])}: {errors[first]}")
+        own_before = watermarks_before(self.generator, event_times, block)
+        own_before = np.maximum(own_before, self.advanced)
+        rows = row_watermarks(own_before, self.task.others_ms, self.previous,
+                              self.task.counted)
+        self._account(event_times, rows, len(block))
+        columns += [arrow.timestamps(event_times), arrow.timestamps(rows)]
+        late = None
+        if self.options.late_records != "keep":
+            late = ((event_times != UNDEFINED) & (rows != UNDEFINED)
+                    & (event_times + self.options.allowed_lateness_ms <= rows))
+        if self.layout.flag_late:
+            columns.append(pa.array(late, type=pa.bool_()))
+        if self.layout.key_type is not None:
+            columns.append(key_array)
+        if self.layout.value_type is not None:
+            columns.append(value_array)
+        if self.layout.error_column:
+            columns.append(pa.array(errors if errors is not None else [None] * len(block),
+                                    type=pa.string()))
+        batch = pa.RecordBatch.from_arrays(columns, schema=self.layout.schema())
+        if self.options.late_records == "drop":
+            batch = batch.filter(pa.array(~late))
+        return batch
+
+    def _decode(self, block: RecordBlock, role: str) -> tuple[pa.Array | None, list | None]:
+        decoder = getattr(self.decoders, role)
+        if decoder is None:
+            return None, None
+        decoded = decoder.decode(block.keys if role == "key" else block.values)
+        errors = decoded.errors if any(decoded.errors) else None
+        if errors is not None and getattr(self.decoders, f"{role}_on_error") == "fail":
+            first = next(i for i, e in enumerate(errors) if e)
+            raise DecodeError(f"topic {block.topic}, partition {block.partition}, offset "
+                              f"{int(block.offsets[first])}: cannot decode {role}: "
+                              f"{errors[first]}")
+        return decoded.array, errors if role == "value" else None
+
+    def _account(self, event_times: np.ndarray, rows: np.ndarray, n: int) -> None:
+        self.count += n
+        known = event_times[event_times != UNDEFINED]
+        if known.size:
+            low, high = int(known.min()), int(known.max())
+            self.min_event = low if self.min_event is None else min(self.min_event, low)
+            self.max_event = high if self.max_event is None else max(self.max_event, high)
+        if rows.size:
+            self.max_row_watermark = max(self.max_row_watermark, int(rows.max()))
+
+    def _progress(self) -> ProgressRecord:
+        return ProgressRecord(
+            generator=self.generator.snapshot(), count=self.count,
+            min_event_ms=self.min_event, max_event_ms=self.max_event,
+            max_row_watermark=to_optional(self.max_row_watermark))
+
+
+def _merge_errors(first: list | None, second: list | None) -> list | None:
+    if first is None:
+        return second if second is not None and any(second) else None
+    if second is None:
+        return first
+    merged = [a or b for a, b in zip(first, second)]
+    return merged if any(merged) else None
+
+
+def _header_pairs(headers: list | None) -> list | None:
+    if headers is None:
+        return None
+    return [{"key": k, "value": v} for k, v in headers]
+
+
+def _fault_point(task: RangeTask) -> int | None:
+    """Offset after which the first attempt of this task fails (tests only)."""
+    directory = os.environ.get(FAULT_ENV)
+    if not directory or task.end - task.start < 2:
+        return None
+    marker = os.path.join(directory, f"{task.topic}-{task.partition}-{task.start}")
+    return None if os.path.exists(marker) else task.start + (task.end - task.start) // 2
+
+
+def _trip_fault(task: RangeTask) -> None:
+    directory = os.environ[FAULT_ENV]
+    with open(os.path.join(directory, f"{task.topic}-{task.partition}-{task.start}"), "w"):
+        pass
+    raise RuntimeError(f"injected test fault: topic {task.topic}, partition {task.partition}, "
+                       f"range [{task.start}, {task.end})")

@@ -1,0 +1,196 @@
+"""The Spark classes: a thin shell over options, planner and reader.
+
+>>> df = (spark.readStream.format("kwatermark")        # doctest: +SKIP
+...       .option("kafka.bootstrap.servers", "localhost:9092")
+...       .option("subscribe", "events")
+...       .option("watermark.strategy", "bounded")
+...       .option("watermark.maxOutOfOrderness", "5 seconds")
+...       .load())
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource, DataSourceReader, DataSourceStreamReader, InputPartition,
+)
+from pyspark.sql.pandas.types import from_arrow_type, to_arrow_type
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable, ReadLimit, ReadMaxRows, ReadMinRows, SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from kwatermark.arrow import OutputLayout
+from kwatermark.errors import OptionError
+from kwatermark.offsets import BatchOffset, RangeTask
+from kwatermark.options import SourceOptions, parse_options
+from kwatermark.planner import BatchPlanner, ReadLimits
+from kwatermark.reader import Decoders, RangeReader
+
+
+class RangePartition(InputPartition):
+    def __init__(self, task: RangeTask):
+        super().__init__(task)
+        self.task = task
+
+
+def _json_type_ddl(options: SourceOptions, role: str) -> str | None:
+    """The user's ``{role}.json.schema`` as a Spark type string (DDL or Spark's JSON)."""
+    schema = dict((k.lower(), v) for k, v in options.serde_options).get(f"{role}.json.schema")
+    if schema is None:
+        return None
+    if schema.lstrip().startswith("{"):
+        try:
+            return StructType.fromJson(json.loads(schema)).simpleString()
+        except (ValueError, KeyError) as exc:
+            raise OptionError(f"option {role}.json.schema: not a Spark JSON schema: {exc}"
+                              ) from None
+    return f"struct<{schema}>"
+
+
+def _decoders(options: SourceOptions, spark_schema: StructType | None) -> tuple[Decoders, dict]:
+    """Deserializers for key and value, and the Arrow type of each decoded column."""
+    raw = dict(options.serde_options)
+    raw["key.format"], raw["value.format"] = options.key_format, options.value_format
+    made, types = {}, {}
+    for role in ("key", "value"):
+        if getattr(options, f"{role}_format") == "binary":
+            made[role], types[role] = None, None
+            continue
+        from kwatermark import serde
+
+        json_type = None
+        column = f"{role}_decoded"
+        if spark_schema is not None and column in spark_schema.fieldNames():
+            json_type = to_arrow_type(spark_schema[column].dataType)
+        if getattr(options, f"{role}_format") == "json" and json_type is None:
+            json_type = pa.struct([])  # placeholder while Spark resolves the DDL
+        try:
+            made[role] = serde.make_deserializer(role, raw, json_arrow_type=json_type)
+        except serde.SerdeError as exc:
+            raise OptionError(str(exc)) from exc
+        types[role] = made[role].arrow_type if made[role] is not None else None
+    decoders = Decoders(made["key"], made["value"], options.key_on_error,
+                        options.value_on_error)
+    return decoders, types
+
+
+def _layout(options: SourceOptions, types: dict) -> OutputLayout:
+    return OutputLayout(
+        include_headers=options.include_headers,
+        flag_late=options.late_records == "flag",
+        key_type=types["key"], value_type=types["value"],
+        error_column=options.value_on_error == "null" and types["value"] is not None)
+
+
+class KWatermarkDataSource(DataSource):
+    """``format("kwatermark")``: Spark's Kafka source with per-partition watermarks.
+
+    Every row carries ``event_time`` and ``watermark``: the minimum over Kafka partitions of
+    each partition's event-time watermark. See docs/options.md and docs/watermarks.md.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "kwatermark"
+
+    def _options(self, streaming: bool) -> SourceOptions:
+        return parse_options(dict(self.options), streaming=streaming)
+
+    def schema(self) -> str:
+        options = self._options(streaming=True)
+        _, types = _decoders(options, None)
+        layout = _layout(options, types)
+        fields = []
+        for field in layout.schema():
+            ddl = _json_type_ddl(options, field.name[: -len("_decoded")]) \
+                if field.name.endswith("_decoded") else None
+            fields.append(f"`{field.name}` {ddl or from_arrow_type(field.type).simpleString()}")
+        return ", ".join(fields)
+
+    def _parts(self, schema: StructType, streaming: bool):
+        options = self._options(streaming)
+        decoders, types = _decoders(options, schema)
+        layout = _layout(options, types)
+        expected = [f.name for f in layout.schema()]
+        if schema.fieldNames() != expected:
+            raise OptionError("kwatermark does not accept a user-specified schema (as Spark's "
+                              "Kafka source); its columns are " + ", ".join(expected))
+        return options, layout, decoders
+
+    def streamReader(self, schema: StructType) -> "KWatermarkStreamReader":
+        return KWatermarkStreamReader(*self._parts(schema, streaming=True))
+
+    def reader(self, schema: StructType) -> "KWatermarkBatchReader":
+        return KWatermarkBatchReader(*self._parts(schema, streaming=False))
+
+
+def _read(options: SourceOptions, layout: OutputLayout, decoders: Decoders, planner: BatchPlanner,
+          partition: RangePartition) -> Iterator[pa.RecordBatch]:
+    reader = RangeReader(options, layout, decoders, partition.task)
+    yield from reader
+    planner.ledger.publish(partition.task, planner.fingerprint, reader.progress)
+
+
+class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reader. Offsets carry every partition's watermark state (DESIGN §4)."""
+
+    def __init__(self, options: SourceOptions, layout: OutputLayout, decoders: Decoders):
+        self.options = options
+        self.layout = layout
+        self.decoders = decoders
+        self.planner = BatchPlanner(options, layout, decoders)
+
+    def initialOffset(self) -> dict:
+        return self.planner.initial_offset().to_json()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.planner.prepare_available_now()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        if self.options.min_offsets_per_trigger is not None:
+            return ReadMinRows(self.options.min_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        if isinstance(limit, ReadAllAvailable):
+            limits = ReadLimits()
+        else:
+            limits = ReadLimits(max_rows=self.options.max_offsets_per_trigger,
+                                respect_minimum=True)
+            if isinstance(limit, ReadMaxRows):
+                limits = ReadLimits(max_rows=limit.max_rows, respect_minimum=True)
+        end = self.planner.latest_offset(BatchOffset.from_json(start), limits)
+        return start if end is None else end.to_json()
+
+    def partitions(self, start: dict, end: dict) -> list[RangePartition]:
+        return [RangePartition(task)
+                for task in self.planner.tasks(BatchOffset.from_json(end))]
+
+    def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.options, self.layout, self.decoders, self.planner, partition)
+
+    def commit(self, end: dict) -> None:
+        self.planner.commit(BatchOffset.from_json(end))
+
+
+class KWatermarkBatchReader(DataSourceReader):
+    """``spark.read.format("kwatermark")``: one micro-batch starting with no state, so with
+    several partitions the ``watermark`` column is null (docs/watermarks.md)."""
+
+    def __init__(self, options: SourceOptions, layout: OutputLayout, decoders: Decoders):
+        self.options = options
+        self.layout = layout
+        self.decoders = decoders
+        self.planner = BatchPlanner(options, layout, decoders)
+
+    def partitions(self) -> list[RangePartition]:
+        return [RangePartition(task) for task in self.planner.tasks(self.planner.batch_offset())]
+
+    def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.options, self.layout, self.decoders, self.planner, partition)

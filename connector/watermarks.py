@@ -1,0 +1,350 @@
+"""Timestamp assigners, watermark generators and the per-row combined watermark.
+
+Pure Python + numpy/pyarrow: nothing here imports Spark or Kafka. Times are epoch ms.
+Inside numpy arrays an undefined watermark or event time is ``UNDEFINED`` (Flink's
+Long.MIN_VALUE), so ``min``/``max`` need no special cases.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Callable, Protocol, runtime_checkable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from kwatermark.errors import PluginError
+from kwatermark.options import WatermarkConfig
+from kwatermark.plugins import load_object
+from kwatermark.records import RecordBlock
+
+UNDEFINED = int(np.iinfo(np.int64).min)
+NO_PARTITIONS = int(np.iinfo(np.int64).max)  # "min over nothing": no other partition counts
+
+
+@runtime_checkable
+class WatermarkGenerator(Protocol):
+    """Fed every record of one partition in offset order; its ``current`` is that partition's
+    watermark: no record with event time <= it is expected any more.
+
+    >>> class Lagging:                               # watermark.strategy = "mymod:Lagging"
+    ...     def __init__(self, options): self.max_ts = None
+    ...     def on_event(self, ts_ms, record): self.max_ts = max(ts_ms, self.max_ts or ts_ms)
+    ...     def current(self): return None if self.max_ts is None else self.max_ts - 60_000
+    ...     def snapshot(self): return {"max_ts": self.max_ts}
+    ...     def restore(self, snapshot): self.max_ts = snapshot["max_ts"]
+    """
+
+    def on_event(self, ts_ms: int, record: dict) -> None: ...
+    def current(self) -> int | None: ...
+    def snapshot(self) -> object: ...
+    def restore(self, snapshot: object) -> None: ...
+
+
+class BoundedOutOfOrderness:
+    """``wm = max_ts - bound - 1``: records up to ``bound`` ms out of order are on time.
+
+    ``bound = 0`` is the monotonous strategy. Undefined until the first record.
+    """
+
+    needs_records = False
+
+    def __init__(self, bound_ms: int = 0):
+        self.bound_ms = bound_ms
+        self.max_ts: int | None = None
+
+    def on_event(self, ts_ms: int, record: dict | None = None) -> None:
+        if self.max_ts is None or ts_ms > self.max_ts:
+            self.max_ts = ts_ms
+
+    def current(self) -> int | None:
+        return None if self.max_ts is None else self.max_ts - self.bound_ms - 1
+
+    def snapshot(self) -> dict:
+        return {"max_ts": self.max_ts}
+
+    def restore(self, snapshot: object) -> None:
+        self.max_ts = (snapshot or {}).get("max_ts")
+
+    def merge(self, later: object) -> None:
+        other = (later or {}).get("max_ts")
+        if other is not None:
+            self.on_event(other)
+
+    def watermarks_before(self, event_times: np.ndarray, block: RecordBlock) -> np.ndarray:
+        """The partition watermark in force before each record; advances the state."""
+        start = UNDEFINED if self.max_ts is None else self.max_ts
+        running = np.maximum.accumulate(np.concatenate(([start], event_times)))
+        if running[-1] != UNDEFINED:
+            self.max_ts = int(running[-1])
+        before = running[:-1]
+        return np.where(before == UNDEFINED, UNDEFINED, before - (self.bound_ms + 1))
+
+
+class NoWatermarks:
+    """Strategy ``none``: the partition watermark never advances (stays undefined)."""
+
+    needs_records = False
+
+    def on_event(self, ts_ms: int, record: dict | None = None) -> None:
+        pass
+
+    def current(self) -> int | None:
+        return None
+
+    def snapshot(self) -> dict:
+        return {}
+
+    def restore(self, snapshot: object) -> None:
+        pass
+
+    def merge(self, later: object) -> None:
+        pass
+
+    def watermarks_before(self, event_times: np.ndarray, block: RecordBlock) -> np.ndarray:
+        return np.full(len(event_times), UNDEFINED, dtype=np.int64)
+
+
+class Punctuated:
+    """``wm`` = event time of the last record the predicate marks (never decreasing: a marker
+    older than the current watermark does not move it)."""
+
+    needs_records = True
+
+    def __init__(self, predicate: Callable[[dict], bool]):
+        self.predicate = predicate
+        self.marker: int | None = None
+
+    def on_event(self, ts_ms: int, record: dict) -> None:
+        if self.predicate(record) and (self.marker is None or ts_ms > self.marker):
+            self.marker = ts_ms
+
+    def current(self) -> int | None:
+        return self.marker
+
+    def snapshot(self) -> dict:
+        return {"marker": self.marker}
+
+    def restore(self, snapshot: object) -> None:
+        self.marker = (snapshot or {}).get("marker")
+
+    def merge(self, later: object) -> None:
+        other = (later or {}).get("marker")
+        if other is not None and (self.marker is None or other > self.marker):
+            self.marker = other
+
+
+def watermarks_before(generator: object, event_times: np.ndarray, block: RecordBlock
+                      ) -> np.ndarray:
+    """Feed a block to any generator; return the partition watermark before each record.
+
+    Built-ins do it vectorised; other generators get one ``on_event`` call per record with
+    an event time (records without one are not fed).
+    """
+    vectorised = getattr(generator, "watermarks_before", None)
+    if vectorised is not None:
+        return vectorised(event_times, block)
+    out = np.empty(len(event_times), dtype=np.int64)
+    for i, ts in enumerate(event_times.tolist()):
+        out[i] = _as_ms(generator, generator.current())
+        if ts != UNDEFINED:
+            generator.on_event(ts, block.record(i))
+    return out
+
+
+def current_ms(generator: object) -> int:
+    """The generator's watermark as an int, UNDEFINED when it has none."""
+    return _as_ms(generator, generator.current())
+
+
+def _as_ms(generator: object, value: object) -> int:
+    if value is None:
+        return UNDEFINED
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise PluginError(f"watermark generator {type(generator).__qualname__}.current() "
+                          f"returned {value!r}; expected epoch milliseconds (int) or None")
+    return int(value)
+
+
+def make_generator(config: WatermarkConfig) -> object:
+    """A fresh generator for one partition, as ``watermark.strategy`` names it."""
+    strategy = config.strategy
+    if strategy == "monotonous":
+        return BoundedOutOfOrderness(0)
+    if strategy == "bounded":
+        return BoundedOutOfOrderness(config.max_out_of_orderness_ms)
+    if strategy == "none":
+        return NoWatermarks()
+    if strategy == "punctuated":
+        predicate = load_object(config.punctuation, "watermark.punctuation")
+        if not callable(predicate):
+            raise PluginError(f"option watermark.punctuation: {config.punctuation!r} is not "
+                              f"callable")
+        return Punctuated(predicate)
+    cls = load_object(strategy, "watermark.strategy")
+    try:
+        generator = cls(dict(config.plugin_options))
+    except Exception as exc:
+        raise PluginError(f"option watermark.strategy: {strategy!r} failed to construct: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    missing = [m for m in ("on_event", "current", "snapshot", "restore")
+               if not callable(getattr(generator, m, None))]
+    if missing:
+        raise PluginError(f"option watermark.strategy: {strategy!r} lacks method(s) "
+                          f"{', '.join(missing)}")
+    return generator
+
+
+def restore_generator(config: WatermarkConfig, snapshot: object) -> object:
+    generator = make_generator(config)
+    if snapshot is not None:
+        generator.restore(snapshot)
+    return generator
+
+
+def can_split(generator: object) -> bool:
+    """Sub-ranges of one partition need a ``merge`` to fold their states (DESIGN §4)."""
+    return callable(getattr(generator, "merge", None))
+
+
+# ---------------------------------------------------------------------------------------
+# Timestamp assigners: a RecordBlock in, event times (UNDEFINED where missing) + errors out.
+
+
+class KafkaTimestampAssigner:
+    """Default: the Kafka record timestamp (CreateTime or LogAppendTime)."""
+
+    def assign(self, block: RecordBlock) -> tuple[np.ndarray, list[str | None] | None]:
+        ts = block.timestamps_ms
+        return np.where(ts < 0, UNDEFINED, ts), None
+
+
+class FieldAssigner:
+    """``eventTime.field``: a dotted path into ``value_decoded``. Accepts integers (epoch
+    ms), timestamps (Avro logical types) and ISO-8601 strings (JSON)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.parts = path.split(".")
+
+    def assign(self, block: RecordBlock) -> tuple[np.ndarray, list[str | None] | None]:
+        array = block.value_decoded
+        errors: list[str | None] = [None] * len(block)
+        try:
+            for part in self.parts:
+                array = pc.struct_field(array, part)
+        except (KeyError, pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+            missing = [f"eventTime.field {self.path!r} does not exist in the decoded value"]
+            return np.full(len(block), UNDEFINED, dtype=np.int64), missing * len(block)
+        values = _to_epoch_ms(array)
+        nulls = np.isnan(values) if values.dtype.kind == "f" else None
+        out = np.full(len(block), UNDEFINED, dtype=np.int64)
+        for i in range(len(block)):
+            if block.value_decoded[i].is_valid and (nulls is None or not nulls[i]):
+                out[i] = int(values[i])
+            elif block.value_decoded[i].is_valid:
+                errors[i] = f"eventTime.field {self.path!r} is missing or null"
+        return out, errors
+
+
+def _to_epoch_ms(array: pa.Array) -> np.ndarray:
+    """Float array of epoch ms (NaN for null or unparsable)."""
+    kind = array.type
+    if pa.types.is_timestamp(kind):
+        micros = pc.cast(pc.cast(array, pa.timestamp("us", tz=kind.tz)), pa.int64())
+        return np.asarray(pc.divide(pc.cast(micros, pa.float64()), 1000.0)
+                          .to_numpy(zero_copy_only=False), dtype=np.float64)
+    if pa.types.is_date(kind):
+        days = pc.cast(pc.cast(array, pa.date32()), pa.int32())
+        return np.asarray(days.to_numpy(zero_copy_only=False), dtype=np.float64) * 86_400_000
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return np.asarray(pc.cast(array, pa.float64()).to_numpy(zero_copy_only=False),
+                          dtype=np.float64)
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return np.array([_parse_iso_ms(v) for v in array.to_pylist()], dtype=np.float64)
+    return np.full(len(array), np.nan)
+
+
+def _parse_iso_ms(text: str | None) -> float:
+    if text is None:
+        return np.nan
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return np.nan
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp() * 1000.0
+
+
+class FunctionAssigner:
+    """``eventTime.assigner = "package.module:function"``: called with each record dict."""
+
+    def __init__(self, reference: str):
+        self.reference = reference
+        self.function = load_object(reference, "eventTime.assigner")
+        if not callable(self.function):
+            raise PluginError(f"option eventTime.assigner: {reference!r} is not callable")
+
+    def assign(self, block: RecordBlock) -> tuple[np.ndarray, list[str | None] | None]:
+        out = np.empty(len(block), dtype=np.int64)
+        for i in range(len(block)):
+            value = self.function(block.record(i))
+            if value is None:
+                out[i] = UNDEFINED
+            elif isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise PluginError(
+                    f"eventTime.assigner {self.reference!r} returned {value!r} for topic "
+                    f"{block.topic}, partition {block.partition}, offset "
+                    f"{int(block.offsets[i])}; expected epoch milliseconds (int) or None")
+            else:
+                out[i] = int(value)
+        return out, None
+
+
+def make_assigner(config: WatermarkConfig) -> object:
+    if config.event_time_assigner:
+        return FunctionAssigner(config.event_time_assigner)
+    if config.event_time_field:
+        return FieldAssigner(config.event_time_field)
+    return KafkaTimestampAssigner()
+
+
+def needs_records(generator: object, assigner: object) -> bool:
+    return getattr(generator, "needs_records", True) or isinstance(assigner, FunctionAssigner)
+
+
+# ---------------------------------------------------------------------------------------
+# Combining partitions.
+
+
+def combined_watermark(watermarks: list[int]) -> int:
+    """``min`` over counted partitions; UNDEFINED if any is undefined; NO_PARTITIONS if none
+    counts (every partition excluded: the caller holds the previous value)."""
+    return min(watermarks) if watermarks else NO_PARTITIONS
+
+
+def emitted(previous: int, computed: int) -> int:
+    """The watermark never decreases; a computed value over no partitions changes nothing."""
+    if computed == NO_PARTITIONS:
+        return previous
+    return max(previous, computed)
+
+
+def row_watermarks(own_before: np.ndarray, others: int, previous: int, counted: bool
+                   ) -> np.ndarray:
+    """Per-row watermark of one partition's records (DESIGN §2): the combined watermark in
+    force when each row arrives, its own partition advancing record by record and the others
+    held at their batch-start state. UNDEFINED means null."""
+    computed = np.minimum(own_before, others) if counted else np.full_like(own_before, others)
+    computed = np.where(computed == NO_PARTITIONS, UNDEFINED, computed)
+    return np.maximum(computed, previous)
+
+
+def to_optional(value: int) -> int | None:
+    return None if value in (UNDEFINED, NO_PARTITIONS) else int(value)
+
+
+def from_optional(value: int | None) -> int:
+    return UNDEFINED if value is None else int(value)
