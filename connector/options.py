@@ -321,7 +321,7 @@ def _offset_bound(opts: Mapping[str, str], which: str, default: str, streaming: 
     text = opts.get(offsets, default).strip()
     if text.lower() in ("earliest", "latest"):
         kind = text.lower()
-        if which == "starting" and kind == "latest" and not streaming:
+        if which == "starting" and kind == "latest" and streaming is False:
             raise OptionError("option startingOffsets: 'latest' is not allowed for batch "
                               "queries (it would read nothing); use 'earliest' or JSON")
         if which == "ending" and kind == "earliest":
@@ -336,7 +336,7 @@ def _offset_bound(opts: Mapping[str, str], which: str, default: str, streaming: 
         if which == "ending" and value == EARLIEST:
             raise OptionError(f"option {offsets}: topic {topic} partition {partition}: -2 "
                               f"(earliest) is not allowed as an ending offset")
-        if which == "starting" and value == LATEST and not streaming:
+        if which == "starting" and value == LATEST and streaming is False:
             raise OptionError(f"option {offsets}: topic {topic} partition {partition}: -1 "
                               f"(latest) is not allowed as a starting offset of a batch query")
     return OffsetBound("offsets", offsets=tuple(sorted(parsed.items())))
@@ -359,8 +359,11 @@ def default_state_location() -> str:
     return os.path.join(tempfile.gettempdir(), "kwatermark-ledger")
 
 
-def parse_options(raw: Mapping[str, str], *, streaming: bool = True) -> SourceOptions:
+def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> SourceOptions:
     """Validate every option; raise OptionError naming the first bad one.
+
+    ``streaming=None`` skips the rules that depend on the kind of query (Spark asks for the
+    schema before it says whether the read is a stream or a batch).
 
     >>> parse_options({"kafka.bootstrap.servers": "localhost:9092", "subscribe": "events"})
     ... # doctest: +ELLIPSIS
@@ -427,12 +430,12 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool = True) -> SourceOp
     if max_per_trigger and min_per_trigger and min_per_trigger > max_per_trigger:
         raise OptionError(f"option minOffsetsPerTrigger ({min_per_trigger}) is larger than "
                           f"maxOffsetsPerTrigger ({max_per_trigger})")
-    if not streaming:
+    if streaming is False:
         for name in ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay"):
             if name in opts:
                 raise OptionError(f"option {name} applies to streaming queries only; a batch "
                                   f"read (spark.read) reads the whole range")
-    elif any(name in opts for name in ("endingOffsets", "endingOffsetsByTimestamp",
+    elif streaming and any(name in opts for name in ("endingOffsets", "endingOffsetsByTimestamp",
                                         "endingTimestamp")):
         raise OptionError("options endingOffsets/endingOffsetsByTimestamp/endingTimestamp "
                           "apply to batch queries only (spark.read), as in Spark")

@@ -97,11 +97,11 @@ class KWatermarkDataSource(DataSource):
     def name(cls) -> str:
         return "kwatermark"
 
-    def _options(self, streaming: bool) -> SourceOptions:
+    def _options(self, streaming: bool | None) -> SourceOptions:
         return parse_options(dict(self.options), streaming=streaming)
 
     def schema(self) -> str:
-        options = self._options(streaming=True)
+        options = self._options(streaming=None)
         _, types = _decoders(options, None)
         layout = _layout(options, types)
         fields = []

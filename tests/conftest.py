@@ -1,0 +1,68 @@
+"""Fixtures shared by every test: one broker and one SparkSession per test session."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+import uuid
+
+import pytest
+
+from tests.support.kafka import TestBroker, TopicWriter, start_test_broker
+
+# Collected timestamps are naive datetimes in the local zone: make that UTC.
+os.environ["TZ"] = "UTC"
+time.tzset()
+# Spark's Python workers must run this interpreter, with the project importable.
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (_ROOT, os.path.join(_ROOT, "tests", "plugins"), os.environ.get("PYTHONPATH"))
+    if p)
+# Fault-injection marker directory (read by kwatermark.reader only when set).
+FAULT_DIR = tempfile.mkdtemp(prefix="kwatermark-faults-")
+os.environ["KWATERMARK_TEST_FAIL_ONCE_DIR_BASE"] = FAULT_DIR
+
+
+@pytest.fixture(scope="session")
+def broker() -> TestBroker:
+    started = start_test_broker()
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]")
+               .appName("kwatermark-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.streaming.stopTimeout", "30s")
+               .config("spark.driver.memory", "2g")
+               .config("spark.sql.session.timeZone", "UTC")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def topic_factory(broker):
+    def make(partitions: int = 1) -> TopicWriter:
+        return TopicWriter(broker, broker.create_topic(partitions))
+    return make
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> str:
+    return str(tmp_path / f"checkpoint-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+def ledger_dir(tmp_path) -> str:
+    return str(tmp_path / "ledger")
