@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 from kwatermark.errors import PluginError
 from kwatermark.options import IdleConfig
-from kwatermark.plugins import load_object
+from kwatermark.plugins import PluginOptions, load_object
 
 COUNT = "count"
 EXCLUDE = "exclude"
@@ -102,7 +102,7 @@ def make_policy(config: IdleConfig) -> object:
         return AdvanceWhenCaughtUp(config.timeout_ms, config.max_delay_ms)
     cls = load_object(config.policy, "idle.policy")
     try:
-        policy = cls(dict(config.plugin_options))
+        policy = cls(PluginOptions(config.plugin_options))
     except Exception as exc:
         raise PluginError(f"option idle.policy: {config.policy!r} failed to construct: "
                           f"{type(exc).__name__}: {exc}") from exc

@@ -28,3 +28,20 @@ def load_object(reference: str, option: str) -> object:
     except AttributeError:
         raise PluginError(f"option {option}: module {module_name!r} has no attribute "
                           f"{attribute!r}") from None
+
+
+class PluginOptions(dict):
+    """The ``watermark.*`` / ``idle.*`` options a user class receives. Spark lower-cases option
+    names, so look-ups here ignore case: ``options["idle.quietMs"]`` works."""
+
+    def __init__(self, items=()):
+        super().__init__((str(k).lower(), v) for k, v in dict(items).items())
+
+    def __getitem__(self, key: str) -> str:
+        return super().__getitem__(key.lower())
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and super().__contains__(key.lower())
+
+    def get(self, key: str, default=None):
+        return super().get(key.lower(), default)

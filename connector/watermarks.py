@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from kwatermark.errors import PluginError
 from kwatermark.options import WatermarkConfig
-from kwatermark.plugins import load_object
+from kwatermark.plugins import PluginOptions, load_object
 from kwatermark.records import RecordBlock
 
 UNDEFINED = int(np.iinfo(np.int64).min)
@@ -184,7 +184,7 @@ def make_generator(config: WatermarkConfig) -> object:
         return Punctuated(predicate)
     cls = load_object(strategy, "watermark.strategy")
     try:
-        generator = cls(dict(config.plugin_options))
+        generator = cls(PluginOptions(config.plugin_options))
     except Exception as exc:
         raise PluginError(f"option watermark.strategy: {strategy!r} failed to construct: "
                           f"{type(exc).__name__}: {exc}") from exc
