@@ -27,6 +27,7 @@ class OutputLayout:
     key_type: pa.DataType | None = None
     value_type: pa.DataType | None = None
     error_column: bool = False
+    key_error_column: bool = False
 
     def schema(self) -> pa.Schema:
         fields = [
@@ -49,6 +50,8 @@ class OutputLayout:
             fields.append(pa.field("value_decoded", self.value_type))
         if self.error_column:
             fields.append(pa.field("value_error", pa.string()))
+        if self.key_error_column:
+            fields.append(pa.field("key_error", pa.string()))
         return pa.schema(fields)
 
 

@@ -11,7 +11,7 @@ from typing import Callable, Iterable, TypeVar
 from confluent_kafka import KafkaException, TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from kwatermark.errors import BrokerError
+from kwatermark.errors import BrokerError, OptionError
 from kwatermark.offsets import TopicPartition
 from kwatermark.options import SourceOptions, Subscription
 
@@ -35,17 +35,24 @@ class KafkaMetadata:
         if self._admin is None:
             conf = self.options.consumer_conf()
             conf["logger"] = logging.getLogger("kwatermark.librdkafka")
-            self._admin = AdminClient(conf)
+            try:
+                self._admin = AdminClient(conf)
+            except KafkaException as exc:
+                raise OptionError(f"a kafka.* option was refused by librdkafka: "
+                                  f"{exc.args[0] if exc.args else exc}") from exc
         return self._admin
 
     @property
     def timeout_s(self) -> float:
-        return self.options.poll_timeout_ms / 1000.0
+        """Per attempt: all attempts together stay within ``kafkaConsumer.pollTimeoutMs``."""
+        attempts = self.options.fetch_offset_retries + 1
+        return max(0.5, self.options.poll_timeout_ms / 1000.0 / attempts)
 
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
         """Retry as ``fetchOffset.numRetries``/``retryIntervalMs`` say, then fail naming the
         brokers; the whole call is bounded by ``kafkaConsumer.pollTimeoutMs`` per attempt."""
         attempts = self.options.fetch_offset_retries + 1
+        self.admin  # created outside the retries: a bad kafka.* option is not a broker fault
         for attempt in range(attempts):
             try:
                 return call()
@@ -54,10 +61,9 @@ class KafkaMetadata:
                 if attempt + 1 >= attempts:
                     raise BrokerError(
                         f"{what} failed against kafka.bootstrap.servers="
-                        f"{self.options.bootstrap_servers!r}: {error} (waited up to "
-                        f"{self.options.poll_timeout_ms} ms per attempt, "
-                        f"kafkaConsumer.pollTimeoutMs; {attempts} attempt(s), "
-                        f"fetchOffset.numRetries)") from exc
+                        f"{self.options.bootstrap_servers!r}: {error} (gave up after "
+                        f"{attempts} attempt(s) within kafkaConsumer.pollTimeoutMs="
+                        f"{self.options.poll_timeout_ms})") from exc
                 time.sleep(self.options.fetch_offset_retry_interval_ms / 1000.0)
         raise AssertionError("unreachable")
 

@@ -49,7 +49,11 @@ class LocalBroker:
 
     @classmethod
     def start(cls, timeout_s: float = 20.0) -> LocalBroker:
-        port = _free_port()
+        return cls.start_on(_free_port(), timeout_s)
+
+    @classmethod
+    def start_on(cls, port: int, timeout_s: float = 20.0) -> LocalBroker:
+        """Start on a given port (e.g. to bring a stopped broker back, empty)."""
         url = f"tcp://127.0.0.1:{port}"
         process = subprocess.Popen(
             [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url",

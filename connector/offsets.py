@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field, replace
 
 from kwatermark.errors import KWatermarkError
@@ -25,7 +26,8 @@ def tp_key(tp: TopicPartition) -> str:
 
 def parse_tp_key(key: str) -> TopicPartition:
     topic, sep, partition = key.rpartition(":")
-    if not sep or not topic or not partition.lstrip("-").isdigit():
+    # ASCII digits only: str.isdigit() accepts "²", and lstrip("-") let "--1" through to int().
+    if not sep or not topic or not re.fullmatch(r"[0-9]+", partition):
         raise OffsetFormatError(f"offset: partition key {key!r} is not 'topic:partition'")
     return topic, int(partition)
 

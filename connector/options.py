@@ -102,7 +102,7 @@ def parse_duration_ms(option: str, text: str) -> int:
     raw = text.strip().lower()
     if raw.startswith("interval "):
         raw = raw[len("interval "):]
-    if re.fullmatch(r"\d+", raw):
+    if re.fullmatch(r"[0-9]{1,18}", raw):
         return int(raw)
     total = 0.0
     pos = 0
@@ -117,6 +117,8 @@ def parse_duration_ms(option: str, text: str) -> int:
             f"such as '5 seconds', '250 milliseconds' or '1 minute'")
     if total < 0:
         raise OptionError(f"option {option}: duration {text!r} is negative")
+    if total >= 2**62:  # also inf: an absurdly long number of units
+        raise OptionError(f"option {option}: duration {text!r} is too large")
     return int(round(total))
 
 
@@ -153,6 +155,8 @@ def _parse_json(option: str, text: str) -> object:
     except json.JSONDecodeError as exc:
         raise OptionError(f"option {option}: malformed JSON ({exc.msg} at char {exc.pos}): "
                           f"{text!r}") from None
+    except RecursionError:
+        raise OptionError(f"option {option}: JSON nested too deeply") from None
 
 
 def _parse_partition_map(option: str, text: str, *, values: str) -> dict[tuple[str, int], int]:
@@ -230,7 +234,7 @@ class SourceOptions:
     """Every option, validated. Built once on the driver and pickled to executors."""
 
     bootstrap_servers: str
-    kafka_conf: tuple[tuple[str, str], ...]
+    kafka_conf: tuple[tuple[str, str], ...] = field(repr=False)  # may hold secrets
     subscription: Subscription
     starting: OffsetBound
     ending: OffsetBound
@@ -245,14 +249,14 @@ class SourceOptions:
     poll_timeout_ms: int = 120_000
     fetch_offset_retries: int = 3
     fetch_offset_retry_interval_ms: int = 10
-    group_id_prefix: str = "kwatermark"
+    group_id_prefix: str = "spark-kafka-source"
     group_id: str | None = None
     watermark: WatermarkConfig = field(default_factory=WatermarkConfig)
     idle: IdleConfig = field(default_factory=IdleConfig)
     late_records: str = "keep"
     allowed_lateness_ms: int = 0
     state_location: str = ""
-    serde_options: tuple[tuple[str, str], ...] = ()
+    serde_options: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # secrets
     key_format: str = "binary"
     value_format: str = "binary"
     key_on_error: str = "fail"
@@ -275,10 +279,24 @@ def _canonical_key(key: str) -> str:
     for prefix in SERDE_PREFIXES + PLUGIN_PREFIXES:
         if lowered.startswith(prefix):
             return key
-    close = get_close_matches(lowered, list(_CANONICAL), n=1)
+    raise _unknown_option(key)
+
+
+def _unknown_option(key: str) -> OptionError:
+    close = get_close_matches(key.lower(), list(_CANONICAL), n=1)
     hint = f"; did you mean '{_CANONICAL[close[0]]}'?" if close else ""
-    raise OptionError(f"unknown option '{key}'{hint} (see docs/options.md; librdkafka "
-                      f"properties take the 'kafka.' prefix)")
+    return OptionError(f"unknown option '{key}'{hint} (see docs/options.md; librdkafka "
+                       f"properties take the 'kafka.' prefix)")
+
+
+def _reject_unused_plugin_options(opts: Mapping[str, str], prefix: str, builtin: bool) -> None:
+    """``watermark.*``/``idle.*`` beyond kwatermark's own go to a user class; with a built-in
+    strategy or policy nothing would read them, and no option is silently ignored."""
+    if not builtin:
+        return
+    for key in opts:
+        if key.lower().startswith(prefix) and key.lower() not in _CANONICAL:
+            raise _unknown_option(key)
 
 
 def _subscription(opts: Mapping[str, str]) -> Subscription:
@@ -296,15 +314,19 @@ def _subscription(opts: Mapping[str, str]) -> Subscription:
     if kind == "subscribePattern":
         try:
             re.compile(text)
-        except re.error as exc:
+        except (re.error, OverflowError, RecursionError) as exc:
             raise OptionError(f"option subscribePattern: invalid regex {text!r}: {exc}") from None
         return Subscription(kind, pattern=text)
     parsed = _parse_json("assign", text)
+    # type() is int: JSON true/false are bools, and bool is an int subclass.
     if not isinstance(parsed, dict) or not parsed or not all(
-            isinstance(v, list) and all(isinstance(p, int) for p in v) for v in parsed.values()):
+            isinstance(v, list) and all(type(p) is int and p >= 0 for p in v)
+            for v in parsed.values()):
         raise OptionError("option assign: expected JSON like {\"topicA\": [0, 1]}, "
                           f"got {text!r}")
     pairs = tuple(sorted((t, p) for t, parts in parsed.items() for p in parts))
+    if not pairs:
+        raise OptionError(f"option assign: no partitions to assign in {text!r}")
     return Subscription(kind, assigned=pairs)
 
 
@@ -421,6 +443,8 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> S
         plugin_options=tuple(sorted((k, v) for k, v in opts.items()
                                     if k.lower().startswith("idle."))),
     )
+    _reject_unused_plugin_options(opts, "watermark.", watermark.strategy in STRATEGIES)
+    _reject_unused_plugin_options(opts, "idle.", idle.policy in IDLE_POLICIES)
 
     def optional_int(name: str, minimum: int) -> int | None:
         return _parse_int(name, opts[name], minimum) if name in opts else None
@@ -466,7 +490,7 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> S
                                         opts.get("fetchOffset.numRetries", "3"), 0),
         fetch_offset_retry_interval_ms=_parse_int(
             "fetchOffset.retryIntervalMs", opts.get("fetchOffset.retryIntervalMs", "10"), 0),
-        group_id_prefix=opts.get("groupIdPrefix", "kwatermark"),
+        group_id_prefix=opts.get("groupIdPrefix", "spark-kafka-source"),
         group_id=group_id,
         watermark=watermark,
         idle=idle,

@@ -76,7 +76,8 @@ class BatchPlanner:
         if bound.kind == "latest":
             return self.metadata.latest_offsets(tps)
         if bound.kind == "timestamp":
-            return self._by_time({tp: bound.timestamp for tp in tps}, option)
+            return self._by_time({tp: bound.timestamp for tp in tps},
+                                 option.replace("Offsets", "Timestamp"))
         given = dict(bound.offsets)
         missing = sorted(set(tps) - set(given))
         unknown = sorted(set(given) - set(tps))
@@ -86,7 +87,7 @@ class BatchPlanner:
                 f"missing {[f'{t}:{p}' for t, p in missing]}, not assigned "
                 f"{[f'{t}:{p}' for t, p in unknown]}")
         if bound.kind == "timestamps":
-            return self._by_time(given, option)
+            return self._by_time(given, option + "ByTimestamp")
         earliest = self.metadata.earliest_offsets([tp for tp, o in given.items()
                                                    if o == EARLIEST])
         latest = self.metadata.latest_offsets([tp for tp, o in given.items() if o == LATEST])
@@ -96,7 +97,9 @@ class BatchPlanner:
                  ) -> dict[TopicPartition, int]:
         found = self.metadata.offsets_for_times(times)
         absent = [tp for tp, offset in found.items() if offset < 0]
-        if absent and self.options.timestamp_strategy == "error":
+        # As in Spark: an ending time with no record after it means "the end".
+        ending = option.startswith("ending")
+        if absent and not ending and self.options.timestamp_strategy == "error":
             t, p = absent[0]
             raise OptionError(
                 f"option {option}: topic {t} partition {p} has no record with timestamp >= "

@@ -202,7 +202,7 @@ class RangeReader:
         columns = arrow.kafka_columns(self.layout, block.topic, block.partition, block.keys,
                                       block.values, block.offsets, block.timestamps_ms,
                                       block.timestamp_types, block.headers)
-        key_array, _ = self._decode(block, "key")
+        key_array, key_errors = self._decode(block, "key")
         value_array, value_errors = self._decode(block, "value")
         block.value_decoded = value_array
         event_times, assign_errors = self.assigner.assign(block)
@@ -230,6 +230,9 @@ class RangeReader:
         if self.layout.error_column:
             columns.append(pa.array(errors if errors is not None else [None] * len(block),
                                     type=pa.string()))
+        if self.layout.key_error_column:
+            columns.append(pa.array(key_errors if key_errors is not None
+                                    else [None] * len(block), type=pa.string()))
         batch = pa.RecordBatch.from_arrays(columns, schema=self.layout.schema())
         if self.options.late_records == "drop":
             batch = batch.filter(pa.array(~late))
@@ -246,7 +249,7 @@ class RangeReader:
             raise DecodeError(f"topic {block.topic}, partition {block.partition}, offset "
                               f"{int(block.offsets[first])}: cannot decode {role}: "
                               f"{errors[first]}")
-        return decoded.array, errors if role == "value" else None
+        return decoded.array, errors
 
     def _account(self, event_times: np.ndarray, rows: np.ndarray, n: int) -> None:
         self.count += n
@@ -281,9 +284,12 @@ def _header_pairs(headers: list | None) -> list | None:
 
 
 def _fault_point(task: RangeTask) -> int | None:
-    """Offset after which the first attempt of this task fails (tests only)."""
+    """Offset after which this task's first attempt fails (tests only): armed by a file
+    ``<topic>.arm`` in the directory ``KWATERMARK_TEST_FAIL_ONCE_DIR`` names."""
     directory = os.environ.get(FAULT_ENV)
     if not directory or task.end - task.start < 2:
+        return None
+    if not os.path.exists(os.path.join(directory, f"{task.topic}.arm")):
         return None
     marker = os.path.join(directory, f"{task.topic}-{task.partition}-{task.start}")
     return None if os.path.exists(marker) else task.start + (task.end - task.start) // 2

@@ -83,7 +83,8 @@ def _layout(options: SourceOptions, types: dict) -> OutputLayout:
         include_headers=options.include_headers,
         flag_late=options.late_records == "flag",
         key_type=types["key"], value_type=types["value"],
-        error_column=options.value_on_error == "null" and types["value"] is not None)
+        error_column=options.value_on_error == "null" and types["value"] is not None,
+        key_error_column=options.key_on_error == "null" and types["key"] is not None)
 
 
 class KWatermarkDataSource(DataSource):

@@ -22,9 +22,11 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (_ROOT, os.path.join(_ROOT, "tests", "plugins"), os.environ.get("PYTHONPATH"))
     if p)
-# Fault-injection marker directory (read by kwatermark.reader only when set).
+# Fault injection (kwatermark.reader reads it only when set): a test arms a topic by
+# creating "<topic>.arm" here; the first attempt of each of its tasks then fails mid-range.
+# Set before the SparkSession starts so Spark's Python workers inherit it.
 FAULT_DIR = tempfile.mkdtemp(prefix="kwatermark-faults-")
-os.environ["KWATERMARK_TEST_FAIL_ONCE_DIR_BASE"] = FAULT_DIR
+os.environ["KWATERMARK_TEST_FAIL_ONCE_DIR"] = FAULT_DIR
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +40,7 @@ def broker() -> TestBroker:
 def spark():
     from pyspark.sql import SparkSession
 
-    session = (SparkSession.builder.master("local[2]")
+    session = (SparkSession.builder.master("local[2,4]")  # 4 attempts per task
                .appName("kwatermark-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "2")
@@ -56,6 +58,11 @@ def topic_factory(broker):
     def make(partitions: int = 1) -> TopicWriter:
         return TopicWriter(broker, broker.create_topic(partitions))
     return make
+
+
+@pytest.fixture
+def fault_dir() -> str:
+    return FAULT_DIR
 
 
 @pytest.fixture

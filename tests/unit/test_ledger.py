@@ -1,0 +1,150 @@
+"""The progress ledger on a local directory (DESIGN §4)."""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from kwatermark.ledger import ProgressLedger, ProgressRecord, record_key
+from kwatermark.offsets import PartitionState, RangeTask
+from kwatermark.watermarks import NO_PARTITIONS, UNDEFINED
+
+FINGERPRINT = {"strategy": "monotonous", "bound": 0, "punctuation": None, "field": None,
+               "assigner": None, "options": []}
+RECORD = ProgressRecord(generator={"max_ts": 4000}, count=10, min_event_ms=1000,
+                        max_event_ms=4000, max_row_watermark=2999)
+
+
+def task(start: int = 10, end: int = 20, topic: str = "events", partition: int = 0,
+         state: PartitionState | None = None) -> RangeTask:
+    return RangeTask(topic, partition, start, end,
+                     state or PartitionState(generator={"max_ts": 900}, last_read_ms=5),
+                     True, 899, 700)
+
+
+def record_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def test_publish_then_lookup(tmp_path):
+    ledger = ProgressLedger(str(tmp_path / "ledger"))
+    ledger.publish(task(), FINGERPRINT, RECORD)
+    assert ledger.lookup(task(), FINGERPRINT) == RECORD
+    # A second ledger object (another process) sees the same record.
+    assert ProgressLedger(str(tmp_path / "ledger")).lookup(task(), FINGERPRINT) == RECORD
+    files = record_files(tmp_path / "ledger")
+    assert len(files) == 1 and files[0].suffix == ".json"   # no temporary file left
+
+
+def test_null_fields_round_trip(tmp_path):
+    ledger = ProgressLedger(str(tmp_path))
+    empty = ProgressRecord(generator={"max_ts": None}, count=0, min_event_ms=None,
+                           max_event_ms=None, max_row_watermark=None)
+    ledger.publish(task(), FINGERPRINT, empty)
+    assert ledger.lookup(task(), FINGERPRINT) == empty
+
+
+def test_publishing_twice_is_idempotent(tmp_path):
+    ledger = ProgressLedger(str(tmp_path))
+    ledger.publish(task(), FINGERPRINT, RECORD)
+    ledger.publish(task(), FINGERPRINT, RECORD)
+    assert ledger.lookup(task(), FINGERPRINT) == RECORD
+    assert len(record_files(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("other", [
+    task(start=11),
+    task(end=21),
+    task(partition=1),
+    task(topic="other"),
+    task(state=PartitionState(generator={"max_ts": 901}, last_read_ms=5)),
+    task(state=PartitionState(generator={"max_ts": 900}, last_read_ms=6)),
+    task(state=PartitionState(generator={"max_ts": 900}, last_read_ms=5, idle="exclude")),
+    replace(task(), counted=False),
+    replace(task(), previous_ms=900),
+    replace(task(), others_ms=NO_PARTITIONS),
+])
+def test_a_different_range_or_start_state_misses(tmp_path, other):
+    ledger = ProgressLedger(str(tmp_path))
+    ledger.publish(task(), FINGERPRINT, RECORD)
+    assert ledger.lookup(other, FINGERPRINT) is None
+
+
+def test_a_different_watermark_configuration_misses(tmp_path):
+    ledger = ProgressLedger(str(tmp_path))
+    ledger.publish(task(), FINGERPRINT, RECORD)
+    assert ledger.lookup(task(), {**FINGERPRINT, "strategy": "bounded", "bound": 5}) is None
+
+
+def test_record_key_is_deterministic_and_content_addressed():
+    assert record_key(task(), FINGERPRINT) == record_key(task(), dict(FINGERPRINT))
+    assert len(record_key(task(), FINGERPRINT)) == 32
+    assert record_key(task(), FINGERPRINT) != record_key(task(start=11), FINGERPRINT)
+    assert record_key(replace(task(), others_ms=UNDEFINED), FINGERPRINT) != \
+        record_key(task(), FINGERPRINT)
+
+
+@pytest.mark.parametrize("content", [
+    b"", b'{"generator": {"max_ts": 40', b"[]", b'{"generator": null}', b"\xff\xfe",
+    b'{"generator": null, "count": 1, "min_event_ms": null, "max_event_ms": null}',
+])
+def test_a_corrupt_record_is_treated_as_missing(tmp_path, content):
+    ledger = ProgressLedger(str(tmp_path))
+    ledger.publish(task(), FINGERPRINT, RECORD)
+    [path] = record_files(tmp_path)
+    path.write_bytes(content)
+    assert ledger.lookup(task(), FINGERPRINT) is None
+
+
+def test_a_truncated_record_is_treated_as_missing(tmp_path):
+    ledger = ProgressLedger(str(tmp_path))
+    ledger.publish(task(), FINGERPRINT, RECORD)
+    [path] = record_files(tmp_path)
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    assert ledger.lookup(task(), FINGERPRINT) is None
+
+
+def test_lookup_in_an_empty_or_missing_location(tmp_path):
+    assert ProgressLedger(str(tmp_path / "never-created")).lookup(task(), FINGERPRINT) is None
+
+
+def test_forget_before_deletes_only_ranges_that_end_at_or_before_the_offset(tmp_path):
+    ledger = ProgressLedger(str(tmp_path))
+    old, edge, new = task(0, 10), task(10, 20), task(20, 30)
+    other_partition = task(0, 10, partition=1)
+    for t in (old, edge, new, other_partition):
+        ledger.publish(t, FINGERPRINT, RECORD)
+    ledger.forget_before("events", 0, 20)
+    assert ledger.lookup(old, FINGERPRINT) is None
+    assert ledger.lookup(edge, FINGERPRINT) is None
+    assert ledger.lookup(new, FINGERPRINT) == RECORD
+    assert ledger.lookup(other_partition, FINGERPRINT) == RECORD
+    ledger.forget_before("events", 0, 20)                      # again: nothing left to do
+    ledger.forget_before("never-seen", 4, 100)                 # no directory: no error
+    assert len(record_files(tmp_path)) == 2
+
+
+def test_topic_names_with_slashes_stay_inside_the_location(tmp_path):
+    ledger = ProgressLedger(str(tmp_path / "ledger"))
+    slashed = task(topic="a/../../b")
+    ledger.publish(slashed, FINGERPRINT, RECORD)
+    assert ledger.lookup(slashed, FINGERPRINT) == RECORD
+    assert all((tmp_path / "ledger") in p.parents for p in record_files(tmp_path))
+    ledger.forget_before("a/../../b", 0, 100)
+    assert ledger.lookup(slashed, FINGERPRINT) is None
+
+
+def test_ledger_pickles_without_its_filesystem(tmp_path):
+    ledger = ProgressLedger(str(tmp_path))
+    ledger.publish(task(), FINGERPRINT, RECORD)
+    copy = pickle.loads(pickle.dumps(ledger))
+    assert copy.lookup(task(), FINGERPRINT) == RECORD
+
+
+def test_file_uri_location(tmp_path):
+    ledger = ProgressLedger((tmp_path / "uri").as_uri())
+    ledger.publish(task(), FINGERPRINT, RECORD)
+    assert ledger.lookup(task(), FINGERPRINT) == RECORD
+    assert record_files(tmp_path / "uri")
