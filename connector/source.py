@@ -65,7 +65,7 @@ def _decoders(options: SourceOptions, spark_schema: StructType | None) -> tuple[
         json_type = None
         column = f"{role}_decoded"
         if spark_schema is not None and column in spark_schema.fieldNames():
-            json_type = to_arrow_type(spark_schema[column].dataType)
+            json_type = to_arrow_type(spark_schema[column].dataType, timezone="UTC")
         if getattr(options, f"{role}_format") == "json" and json_type is None:
             json_type = pa.struct([])  # placeholder while Spark resolves the DDL
         try:
