@@ -72,17 +72,24 @@ def starved_steps() -> list[list[Record]]:
 
 def test_starved_partition_is_excluded_by_timeout_but_never_by_caught_up(
         spark, broker, topic_factory, tmp_path):
-    late = {}
+    late, excluded_with_backlog = {}, {}
     for policy in ("timeout", "caught-up"):
         writer = topic_factory(2)
-        seen, _ = run_steps(spark, broker, writer, str(tmp_path / policy), starved_steps(),
-                            maxOffsetsPerTrigger=20,
-                            **{"idle.policy": policy, "idle.timeout": "1 second"})
+        seen, query = run_steps(spark, broker, writer, str(tmp_path / policy),
+                                starved_steps(), maxOffsetsPerTrigger=20,
+                                **{"idle.policy": policy, "idle.timeout": "300 milliseconds"})
         starved = [r for r in seen.rows if r["partition"] == 1]
         assert len(starved) == 3 and len(seen.batches()) >= 10
         late[policy] = [r["is_late"] for r in starved]
-    # timeout: p1 had backlog but no reads for 1 s, so it was excluded and its records late.
-    assert late["timeout"] == [True, True, True]
+        p1 = f"{writer.topic}:1"
+        plans = [json.loads(p["sources"][0]["endOffset"])["partitions"][p1]
+                 for p in query.recentProgress]
+        excluded_with_backlog[policy] = any(
+            plan["state"]["idle"] == "exclude" and plan["from"] < 3 for plan in plans)
+    # timeout: p1 had backlog but no reads, so it was excluded and its records came late.
+    assert excluded_with_backlog["timeout"] and any(late["timeout"])
+    # caught-up: never excluded while it had unread records; nothing late.
+    assert not excluded_with_backlog["caught-up"]
     assert late["caught-up"] == [False, False, False]
 
 
