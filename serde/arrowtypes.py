@@ -89,8 +89,8 @@ def avro_to_arrow_type(schema: Any, named: dict | None = None) -> pa.DataType:
     defined elsewhere (Schema Registry references) to their definitions. Every Arrow field is
     nullable, as Spark expects.
 
-    >>> avro_to_arrow_type('{"type": "record", "name": "R", "fields": '
-    ...                    '[{"name": "id", "type": "long"}, {"name": "tag", "type": ["null", "string"]}]}')
+    >>> avro_to_arrow_type({"type": "record", "name": "R", "fields": [
+    ...     {"name": "id", "type": "long"}, {"name": "tag", "type": ["null", "string"]}]})
     StructType(struct<id: int64, tag: string>)
     """
     if isinstance(schema, str) and schema.lstrip()[:1] in ('{', '[', '"'):
@@ -168,7 +168,8 @@ class _ArrowTypeBuilder:
             return pa.null()
         if len(non_null) == 1:
             return self.build(non_null[0], path)
-        names = ", ".join(b if isinstance(b, str) else str(b.get("name", b["type"])) for b in non_null)
+        names = ", ".join(b if isinstance(b, str) else str(b.get("name", b["type"]))
+                          for b in non_null)
         raise SerdeError(
             f"unsupported Avro union [{names}] at {path or 'the top level'}: only unions of "
             'one type with "null" map to a Spark type; use a reader schema that avoids it'

@@ -124,8 +124,8 @@ class AvroDeserializer:
     ``{role}.avro.readerSchema``, when set, is the schema values are resolved to (Avro schema
     evolution) and fixes the output type.
 
-    >>> d = AvroDeserializer.from_options(RoleOptions("value", {
-    ...     "value.avro.schema": '{"type": "record", "name": "R", "fields": [{"name": "n", "type": "int"}]}'}))
+    >>> schema = '{"type": "record", "name": "R", "fields": [{"name": "n", "type": "int"}]}'
+    >>> d = AvroDeserializer.from_options(RoleOptions("value", {"value.avro.schema": schema}))
     >>> d.decode([b"\\x54"]).array.to_pylist()
     [{'n': 42}]
     """

@@ -96,7 +96,8 @@ class JsonDeserializer:
         # One object must never straddle two blocks: Arrow would fail the whole block.
         block_size = max(_MIN_BLOCK_SIZE, max(map(len, objects)) + 1)
         # Threads only pay off with several blocks; a thread pool per tiny retry costs more.
-        read_options = pa_json.ReadOptions(block_size=block_size, use_threads=len(data) > block_size)
+        read_options = pa_json.ReadOptions(
+            block_size=block_size, use_threads=len(data) > block_size)
         table = pa_json.read_json(io.BytesIO(data), read_options=read_options,
                                   parse_options=parse_options)
         if table.num_rows != len(objects):

@@ -19,8 +19,8 @@ def is_secret(name: str) -> bool:
 class RoleOptions:
     """The ``{role}.*`` options of a source, with the role prefix kept in every name.
 
-    Spark passes option names as the user typed them, so ``value.avro.readerSchema`` and
-    ``VALUE.AVRO.READERSCHEMA`` are the same option.
+    Spark option names are case-insensitive and may arrive in any case, so
+    ``value.avro.readerSchema`` and ``VALUE.AVRO.READERSCHEMA`` are the same option.
 
     >>> opts = RoleOptions("value", {"Value.Format": "JSON"})
     >>> opts.get("format"), opts.name("format")
@@ -44,7 +44,7 @@ class RoleOptions:
         return value
 
     def with_prefix(self, suffix_prefix: str) -> dict[str, str]:
-        """Options under ``{role}.{suffix_prefix}``, keyed by the rest of their (lower-cased) name."""
+        """Options under ``{role}.{suffix_prefix}``, keyed by the rest of their lower-cased name."""
         prefix = self.name(suffix_prefix).lower()
         return {k[len(prefix):]: v for k, v in self._options.items() if k.startswith(prefix)}
 

@@ -150,7 +150,7 @@ class SchemaRegistry:
             seen = seen | {(ref.subject, ref.version)}
             registered = self.client().get_version(ref.subject, ref.version)
             nested = self._resolve(registered.schema, seen)
-            references.extend([*nested.references, nested.schema])
+            references.extend(r for r in [*nested.references, nested.schema] if r not in references)
         return RegistrySchema(decodable(json.loads(schema.schema_str)), tuple(references))
 
     def _scrub(self, message: str) -> str:

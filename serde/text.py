@@ -12,8 +12,11 @@ from .base import DecodedBatch, payload_list
 class StringDeserializer:
     """Payloads as UTF-8 strings; invalid UTF-8 is an error of that record.
 
-    >>> StringDeserializer().decode([b"caf\\xc3\\xa9", b"\\xff", None]).errors
-    [None, "invalid UTF-8: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte", None]
+    >>> batch = StringDeserializer().decode([b"caf\\xc3\\xa9", b"\\xff", None])
+    >>> batch.array.to_pylist()
+    ['café', None, None]
+    >>> batch.errors[1]
+    "invalid UTF-8: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"
     """
 
     arrow_type = pa.string()

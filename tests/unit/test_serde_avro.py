@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import pickle
@@ -283,3 +284,16 @@ def test_any_mix_of_good_truncated_and_null_payloads(records):
     assert batch.array.to_pylist() == expected
     assert [e is not None for e in batch.errors] == [
         r is not None and r[0] == "cut" for r in records]
+
+
+def test_cycle_collector_state_is_restored():
+    deserializer = make_deserializer("value", avro_options("long"))
+    assert gc.isenabled()
+    deserializer.decode([avro_body("long", 1), b"\x80"])  # one good, one truncated
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        deserializer.decode([avro_body("long", 1)])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -230,8 +230,9 @@ def test_basic_auth_and_secrets_never_leak():
         auth = {"basic.auth.user.info": f"alice:{SECRET}"}
         good = produce(fake.url, ORDER_V1, order(1), conf=auth)
         unknown = b"\x00" + struct.pack(">I", 999) + good[5:]
-        opts = options(fake.url, **{"value.avro.schema": json.dumps(ORDER_V1),
-                                    "value.schema.registry.basic.auth.user.info": f"alice:{SECRET}"})
+        opts = options(fake.url, **{
+            "value.avro.schema": json.dumps(ORDER_V1),
+            "value.schema.registry.basic.auth.user.info": f"alice:{SECRET}"})
         deserializer = make_deserializer("value", opts)
         batch = deserializer.decode([good, unknown])
         assert batch.errors[0] is None
