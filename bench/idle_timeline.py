@@ -44,9 +44,9 @@ def main() -> int:
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.sql.session.timeZone", "UTC").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    start = int(time.time() * 1000) - 30_000  # event times from 30 s ago
     marks: dict[str, list] = {}
     for policy in POLICIES:
+        start = int(time.time() * 1000) - 30_000  # event times from 30 s ago
         writer = TopicWriter(broker, broker.create_topic(2))
         frame = kwatermark_stream(spark, broker, writer.topic, **{
             "idle.policy": policy, "idle.timeout": "1 second", "idle.maxDelay": "20 seconds"})
@@ -60,20 +60,20 @@ def main() -> int:
                 time.sleep(1.5)
             writer.send(step)
             run_available_now(frame, checkpoint, seen)
-        marks[policy] = [wm_ms(rows[0]) for rows in seen.batches()]
+        marks[policy] = [(wm_ms(rows[0]), start) for rows in seen.batches()]
     spark.stop()
     if local:
         local.stop()
 
-    def cell(value):
-        return "null" if value is None else f"{(value - start) / 1000:+.3f} s"
+    def cell(value, base):
+        return "null" if value is None else f"{(value - base) / 1000:+.3f} s"
 
     print("partition 0 event times: +0 s, +10 s, +20 s, ... (one record per batch)")
     print("partition 1: one record at +2 s in batch 0, then silent\n")
     print("batch | " + " | ".join(f"{p:>12}" for p in POLICIES))
     print("----- | " + " | ".join("-" * 12 for _ in POLICIES))
     for n in range(args.batches):
-        print(f"{n:>5} | " + " | ".join(f"{cell(marks[p][n]):>12}" for p in POLICIES))
+        print(f"{n:>5} | " + " | ".join(f"{cell(*marks[p][n]):>12}" for p in POLICIES))
     print("\n(advance: once silent, partition 1's watermark follows processing time minus"
           "\n 20 s, which rises slower than partition 0's event times here)")
     return 0

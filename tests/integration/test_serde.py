@@ -58,15 +58,16 @@ def test_json_values_with_event_time_from_a_field_drive_the_watermark(
     assert [wm_ms(r) for r in second] == [base + 3_000 - 1]
 
 
-def test_avro_with_a_given_schema_and_every_row_decoded(spark, broker, topic_factory):
+def test_avro_value_and_string_key_decoded(spark, broker, topic_factory):
     writer = topic_factory(1)
     writer.send([Record(0, 1_000, avro_body(ORDER, {"id": 7, "at": 1_700_000_000_123,
-                                                    "note": "hi"})),
+                                                    "note": "hi"}), key="ké".encode()),
                  Record(0, 2_000, avro_body(ORDER, {"id": 8, "at": 1_700_000_001_000,
                                                     "note": None}))])
     rows = kwatermark_batch(spark, broker, writer.topic,
-                            **{"value.format": "avro",
+                            **{"value.format": "avro", "key.format": "string",
                                "value.avro.schema": json.dumps(ORDER)}).collect()
+    assert [r["key_decoded"] for r in rows] == ["ké", None]
     assert [(r["value_decoded"]["id"], r["value_decoded"]["note"]) for r in rows] == [
         (7, "hi"), (8, None)]
     assert rows[0]["value_decoded"]["at"].replace(tzinfo=dt.timezone.utc) == utc(

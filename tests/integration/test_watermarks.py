@@ -162,3 +162,25 @@ def test_late_records_flag_and_drop_with_allowed_lateness(spark, broker, topic_f
         kwatermark_stream(spark, broker, writer.topic, lateRecords="drop"),
         str(tmp_path / "drop"))
     assert [ev_ms(r) for r in dropped.rows] == [10_000, 20_000]
+
+
+def test_sparks_event_time_machinery_follows_the_watermark_column(
+        spark, broker, topic_factory, checkpoint):
+    """docs/watermarks.md: withWatermark("watermark", "0 seconds") makes Spark's own
+    watermark (used by windows, timers, state eviction) kwatermark's combined watermark."""
+    writer = topic_factory(2)
+    frame = (kwatermark_stream(spark, broker, writer.topic)
+             .withWatermark("watermark", "0 seconds"))
+    seen = Batches()
+    marks = []
+    for step in ([Record(0, 10_000), Record(1, 3_000)], [Record(0, 20_000)],
+                 [Record(1, 30_000)]):
+        writer.send(step)
+        _, query = run_available_now(frame, checkpoint, seen)
+        marks.append(query.lastProgress["eventTime"].get("watermark"))
+    # Spark's watermark in force during batch N is the highest kwatermark watermark of
+    # batch N-1 (Spark applies a watermark from the next batch on): none (epoch 0) for
+    # batches 0 and 1, then partition 1's 2999 from batch 1's rows.
+    assert [wm_ms(r) for r in seen.rows] == [None, None, 2_999, 2_999]
+    assert marks == ["1970-01-01T00:00:00.000Z", "1970-01-01T00:00:00.000Z",
+                     "1970-01-01T00:00:02.999Z"]
