@@ -4,7 +4,12 @@
 """
 
 from kwatermark.errors import (
-    BrokerError, DataLossError, DecodeError, KWatermarkError, OptionError, PluginError,
+    BrokerError,
+    DataLossError,
+    DecodeError,
+    KWatermarkError,
+    OptionError,
+    PluginError,
 )
 from kwatermark.idle import IdlePolicy, PartitionView
 from kwatermark.watermarks import WatermarkGenerator

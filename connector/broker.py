@@ -6,11 +6,12 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
-from confluent_kafka import KafkaException, TopicPartition as KafkaTP
+from confluent_kafka import KafkaException
+from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, OffsetSpec
-
 from kwatermark.errors import BrokerError, OptionError
 from kwatermark.offsets import TopicPartition
 from kwatermark.options import SourceOptions, Subscription

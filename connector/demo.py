@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(bootstrap: str, rounds: int, per_partition: int) -> int:
     from confluent_kafka.admin import AdminClient, NewTopic
-    from pyspark.sql import SparkSession, functions as F
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
 
     topic = f"kwatermark-demo-{uuid.uuid4().hex[:6]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})

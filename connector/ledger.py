@@ -16,7 +16,6 @@ import uuid
 from dataclasses import asdict, dataclass
 
 import pyarrow.fs as pafs
-
 from kwatermark.errors import OptionError
 from kwatermark.offsets import RangeTask
 

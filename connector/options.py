@@ -11,9 +11,9 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from difflib import get_close_matches
-from typing import Mapping
 
 from kwatermark.errors import OptionError
 
@@ -100,8 +100,7 @@ def parse_duration_ms(option: str, text: str) -> int:
     """Milliseconds from a Spark interval string: ``"5 seconds"``, ``"1 minute 30 seconds"``,
     ``"interval 250 milliseconds"``, ``"10s"``, ``"100ms"``; a bare number is milliseconds."""
     raw = text.strip().lower()
-    if raw.startswith("interval "):
-        raw = raw[len("interval "):]
+    raw = raw.removeprefix("interval ")
     if re.fullmatch(r"[0-9]{1,18}", raw):
         return int(raw)
     total = 0.0

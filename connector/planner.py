@@ -14,14 +14,27 @@ from kwatermark.broker import KafkaMetadata
 from kwatermark.errors import DataLossError, OptionError
 from kwatermark.ledger import ProgressLedger, ProgressRecord
 from kwatermark.offsets import (
-    BatchOffset, PartitionRange, PartitionState, RangeTask, TopicPartition, plan_splits,
+    BatchOffset,
+    PartitionRange,
+    PartitionState,
+    RangeTask,
+    TopicPartition,
+    plan_splits,
     rate_limit,
 )
 from kwatermark.options import EARLIEST, LATEST, OffsetBound, SourceOptions
 from kwatermark.reader import Decoders, RangeReader
 from kwatermark.watermarks import (
-    NO_PARTITIONS, UNDEFINED, can_split, combined_watermark, current_ms, emitted,
-    from_optional, make_generator, restore_generator, to_optional,
+    NO_PARTITIONS,
+    UNDEFINED,
+    can_split,
+    combined_watermark,
+    current_ms,
+    emitted,
+    from_optional,
+    make_generator,
+    restore_generator,
+    to_optional,
 )
 
 log = logging.getLogger("kwatermark.planner")

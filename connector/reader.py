@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition as KafkaTP
-
+from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTP
 from kwatermark import arrow
 from kwatermark.errors import BrokerError, DataLossError, DecodeError, KWatermarkError
 from kwatermark.ledger import ProgressRecord
@@ -24,8 +24,14 @@ from kwatermark.offsets import RangeTask
 from kwatermark.options import SourceOptions
 from kwatermark.records import RecordBlock
 from kwatermark.watermarks import (
-    UNDEFINED, from_optional, make_assigner, needs_records, restore_generator,
-    row_watermarks, to_optional, watermarks_before,
+    UNDEFINED,
+    from_optional,
+    make_assigner,
+    needs_records,
+    restore_generator,
+    row_watermarks,
+    to_optional,
+    watermarks_before,
 )
 
 log = logging.getLogger("kwatermark.reader")

@@ -11,24 +11,30 @@
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from collections.abc import Iterator
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource, DataSourceReader, DataSourceStreamReader, InputPartition,
-)
-from pyspark.sql.pandas.types import from_arrow_type, to_arrow_type
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable, ReadLimit, ReadMaxRows, ReadMinRows, SupportsTriggerAvailableNow,
-)
-from pyspark.sql.types import StructType
-
 from kwatermark.arrow import OutputLayout
 from kwatermark.errors import OptionError
 from kwatermark.offsets import BatchOffset, RangeTask
 from kwatermark.options import SourceOptions, parse_options
 from kwatermark.planner import BatchPlanner, ReadLimits
 from kwatermark.reader import Decoders, RangeReader
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.pandas.types import from_arrow_type, to_arrow_type
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
 
 
 class RangePartition(InputPartition):
@@ -122,10 +128,10 @@ class KWatermarkDataSource(DataSource):
                               "Kafka source); its columns are " + ", ".join(expected))
         return options, layout, decoders
 
-    def streamReader(self, schema: StructType) -> "KWatermarkStreamReader":
+    def streamReader(self, schema: StructType) -> KWatermarkStreamReader:
         return KWatermarkStreamReader(*self._parts(schema, streaming=True))
 
-    def reader(self, schema: StructType) -> "KWatermarkBatchReader":
+    def reader(self, schema: StructType) -> KWatermarkBatchReader:
         return KWatermarkBatchReader(*self._parts(schema, streaming=False))
 
 

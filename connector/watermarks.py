@@ -7,13 +7,13 @@ Long.MIN_VALUE), so ``min``/``max`` need no special cases.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Callable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from kwatermark.errors import PluginError
 from kwatermark.options import WatermarkConfig
 from kwatermark.plugins import PluginOptions, load_object
