@@ -206,7 +206,7 @@ class BatchPlanner:
             last_read_ms=state.last_read_ms, idle=state.idle)
         decision = idle.decide(self.policy, view, now)
         if isinstance(decision, int):
-            advanced = max(decision, state.advanced_ms or UNDEFINED)
+            advanced = max(decision, from_optional(state.advanced_ms))
             return replace(state, idle=idle.ADVANCE, advanced_ms=advanced)
         return replace(state, idle=decision)
 

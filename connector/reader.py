@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
+
 from kwatermark import arrow
 from kwatermark.errors import BrokerError, DataLossError, DecodeError, KWatermarkError
 from kwatermark.ledger import ProgressRecord
@@ -91,6 +92,7 @@ class RangeReader:
         self.layout = layout
         self.decoders = decoders
         self.task = task
+        self.schema = layout.schema()
         self.generator = restore_generator(options.watermark, task.state.generator)
         self.assigner = make_assigner(options.watermark)
         self.per_record = needs_records(self.generator, self.assigner)
@@ -245,7 +247,7 @@ class RangeReader:
         if self.layout.key_error_column:
             columns.append(pa.array(key_errors if key_errors is not None
                                     else [None] * len(block), type=pa.string()))
-        batch = pa.RecordBatch.from_arrays(columns, schema=self.layout.schema())
+        batch = pa.RecordBatch.from_arrays(columns, schema=self.schema)
         if self.options.late_records == "drop":
             batch = batch.filter(pa.array(~late))
         return batch

@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from kwatermark.errors import PluginError
 from kwatermark.options import WatermarkConfig
 from kwatermark.plugins import PluginOptions, load_object
@@ -238,13 +239,14 @@ class FieldAssigner:
             missing = [f"eventTime.field {self.path!r} does not exist in the decoded value"]
             return np.full(len(block), UNDEFINED, dtype=np.int64), missing * len(block)
         values = _to_epoch_ms(array)
-        nulls = np.isnan(values) if values.dtype.kind == "f" else None
+        decoded = np.asarray(block.value_decoded.is_valid().to_numpy(zero_copy_only=False),
+                             dtype=bool)
+        known = decoded & ~np.isnan(values)
         out = np.full(len(block), UNDEFINED, dtype=np.int64)
-        for i in range(len(block)):
-            if block.value_decoded[i].is_valid and (nulls is None or not nulls[i]):
-                out[i] = int(values[i])
-            elif block.value_decoded[i].is_valid:
-                errors[i] = f"eventTime.field {self.path!r} is missing or null"
+        out[known] = values[known].astype(np.int64)
+        # A record that failed to decode already carries its decoder's error.
+        for i in np.flatnonzero(decoded & ~known):
+            errors[i] = f"eventTime.field {self.path!r} is missing or null"
         return out, errors
 
 
