@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+
 from kwatermark.watermarks import UNDEFINED
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")

@@ -12,6 +12,7 @@ from typing import TypeVar
 from confluent_kafka import KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, OffsetSpec
+
 from kwatermark.errors import BrokerError, OptionError
 from kwatermark.offsets import TopicPartition
 from kwatermark.options import SourceOptions, Subscription

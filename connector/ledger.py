@@ -16,6 +16,7 @@ import uuid
 from dataclasses import asdict, dataclass
 
 import pyarrow.fs as pafs
+
 from kwatermark.errors import OptionError
 from kwatermark.offsets import RangeTask
 

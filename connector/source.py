@@ -14,12 +14,6 @@ import json
 from collections.abc import Iterator
 
 import pyarrow as pa
-from kwatermark.arrow import OutputLayout
-from kwatermark.errors import OptionError
-from kwatermark.offsets import BatchOffset, RangeTask
-from kwatermark.options import SourceOptions, parse_options
-from kwatermark.planner import BatchPlanner, ReadLimits
-from kwatermark.reader import Decoders, RangeReader
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -35,6 +29,13 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
+
+from kwatermark.arrow import OutputLayout
+from kwatermark.errors import OptionError
+from kwatermark.offsets import BatchOffset, RangeTask
+from kwatermark.options import SourceOptions, parse_options
+from kwatermark.planner import BatchPlanner, ReadLimits
+from kwatermark.reader import Decoders, RangeReader
 
 
 class RangePartition(InputPartition):

@@ -4,16 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from kwatermark.options import is_secret  # one list of credential markers for all options
+
 from .base import SerdeError
 
 ROLES = ("key", "value")
-
-# Option name fragments whose values are credentials: never echoed in messages or reprs.
-_SECRET_MARKERS = ("password", "secret", "user.info", "token", "credentials")
-
-
-def is_secret(name: str) -> bool:
-    return any(marker in name.lower() for marker in _SECRET_MARKERS)
 
 
 class RoleOptions:
