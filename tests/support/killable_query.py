@@ -1,0 +1,79 @@
+"""A kwatermark query in a process of its own, for tests that kill the query process.
+
+``python -m tests.support.killable_query SPEC.json`` starts a SparkSession, runs the stream
+the spec describes and writes every micro-batch to ``<out>/batch-<id>.json`` (replacing the
+file atomically, so a replayed batch overwrites its earlier attempt: batch-id keyed output).
+
+``kill_in_batch`` = K makes the first attempt of batch K write its rows to
+``<out>/attempt-<K>.json`` and then SIGKILL its whole process group (this interpreter and
+Spark's JVM with its Python workers) before the batch is committed. Tests kill "between
+batches" from outside, see ``tests/integration/test_restart.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+
+def _rows(frame) -> list[list]:
+    rows = frame.select("partition", "offset", "value", "timestamp", "watermark").collect()
+    return sorted([r["partition"], r["offset"], r["value"].decode(),
+                   _ms(r["timestamp"]), _ms(r["watermark"])] for r in rows)
+
+
+def _ms(value) -> int | None:
+    import datetime as dt
+
+    if value is None:
+        return None
+    return round(value.replace(tzinfo=dt.timezone.utc).timestamp() * 1000)
+
+
+def _write(path: str, payload) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(payload, f)
+    os.replace(path + ".tmp", path)
+
+
+def main(spec_path: str) -> None:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    out = spec["out"]
+    kill_in_batch = spec.get("kill_in_batch")
+
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").appName("kwatermark-killable")
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.session.timeZone", "UTC")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+
+    def sink(frame, batch_id: int) -> None:
+        rows = _rows(frame)
+        attempt = os.path.join(out, f"attempt-{batch_id}.json")
+        if batch_id == kill_in_batch and not os.path.exists(attempt):
+            _write(attempt, rows)
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        _write(os.path.join(out, f"batch-{batch_id}.json"), rows)
+
+    reader = spark.readStream.format("kwatermark")
+    for key, value in spec["options"].items():
+        reader = reader.option(key, value)
+    writer = (reader.load().writeStream.foreachBatch(sink)
+              .option("checkpointLocation", spec["checkpoint"]))
+    if spec["trigger"] == "availableNow":
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=spec["trigger"])
+    query = writer.start()
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise SystemExit(f"query failed: {query.exception()}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
