@@ -145,8 +145,8 @@ def floor_read(bootstrap_servers: str, topic: str, ranges: dict[int, tuple[int, 
     # The tuned prefetch of DESIGN §9: the local queue may hold the whole range and no more.
     # librdkafka compares the *shared* consumer queue (every assigned partition's fetch queue
     # is forwarded to it) against queued.min.messages and queued.max.messages.kbytes, and
-    # pauses fetching for fetch.queue.backoff.ms (1 s) once either is reached, so both caps
-    # are set for the total range, not per partition.
+    # pauses fetching for fetch.queue.backoff.ms once either is reached, so both caps are
+    # set for the total range, not per partition, and the backoff is kwatermark's 1 ms.
     consumer = Consumer({
         "bootstrap.servers": bootstrap_servers,
         "group.id": f"bench-floor-{uuid.uuid4().hex[:8]}",
@@ -155,6 +155,7 @@ def floor_read(bootstrap_servers: str, topic: str, ranges: dict[int, tuple[int, 
         "queued.min.messages": max(1, total),
         "queued.max.messages.kbytes": 2_097_151,
         "fetch.max.bytes": 64 * 1024 * 1024,
+        "fetch.queue.backoff.ms": 1,
         "receive.message.max.bytes": 100 * 1024 * 1024,
     })
     consumer.assign([KafkaTP(topic, p, start) for p, (start, _) in ranges.items()])

@@ -296,10 +296,12 @@ def warm_up(spark, bootstrap: str, topic: str, partitions: int, ws: Workspace) -
 def task_overhead(bootstrap: str, topic: str, end: int, runs: int) -> dict:
     """The executor loop's fixed cost per task: RangeReader over the last record of a
     partition (what a caught-up stream reads: one new record), as shipped and with
-    librdkafka's fetch.queue.backoff.ms lowered from its 1 s default."""
+    librdkafka's fetch.queue.backoff.ms at 10 ms and at its 1 s default."""
     results = {}
     for label, extra in (("as shipped", {}),
-                         ("fetch.queue.backoff.ms=10", {"kafka.fetch.queue.backoff.ms": "10"})):
+                         ("fetch.queue.backoff.ms=10", {"kafka.fetch.queue.backoff.ms": "10"}),
+                         ("fetch.queue.backoff.ms=1000",
+                          {"kafka.fetch.queue.backoff.ms": "1000"})):
         times = []
         for i in range(runs):
             reader = common.range_reader(bootstrap, topic, i % 2, end - 1, end, extra)
@@ -308,7 +310,7 @@ def task_overhead(bootstrap: str, topic: str, end: int, runs: int) -> dict:
         results[label] = {"median_ms": median(times) * 1000, "max_ms": max(times) * 1000,
                           "runs_over_500ms": stalls,
                           "runs_ms": [round(t * 1000, 1) for t in times]}
-        log(f"  1-record task, {label:<26} median {median(times) * 1000:7.1f} ms, "
+        log(f"  1-record task, {label:<28} median {median(times) * 1000:7.1f} ms, "
             f"max {max(times) * 1000:7.1f} ms, {stalls}/{runs} runs over 500 ms")
     return results
 
@@ -441,9 +443,10 @@ def planning_after_batch(source, schema, end: dict, tasks: list, calls: int) -> 
 # -- memory ----------------------------------------------------------------------------
 
 
-# The executor settings recommended in bench/README.md, probed alongside the shipped ones.
-RECOMMENDED_CONSUMER = {"kafka.fetch.queue.backoff.ms": "10",
-                        "kafka.queued.min.messages": "100000"}
+# The executor's consumer settings as first shipped (librdkafka's 1 s fetch-queue backoff
+# and a 500k prefetch), probed alongside the current ones (bench/README.md).
+FIRST_SHIPPED_CONSUMER = {"kafka.fetch.queue.backoff.ms": "1000",
+                          "kafka.queued.min.messages": "500000"}
 
 
 def memory_run(bootstrap: str, topic: str, records: int,
@@ -467,7 +470,7 @@ def measure_memory(broker: common.Broker, small: int, large: int) -> dict:
     produce_s = common.produce_sequence(broker, topic, 1, large)
     log(f"  produced in {produce_s:.1f} s")
     result = {"small_records": small, "large_records": large}
-    for label, extra in (("as shipped", None), ("recommended", RECOMMENDED_CONSUMER)):
+    for label, extra in (("as shipped", None), ("first shipped", FIRST_SHIPPED_CONSUMER)):
         small_run = memory_run(broker.bootstrap_servers, topic, small, extra)
         large_run = memory_run(broker.bootstrap_servers, topic, large, extra)
         growth = large_run["peak_rss_mb"] - small_run["peak_rss_mb"]
@@ -478,8 +481,8 @@ def measure_memory(broker: common.Broker, small: int, large: int) -> dict:
         if extra is None:
             result.update(small=small_run, large=large_run, growth_mb=growth)
         else:
-            result["recommended"] = {"options": extra, "small": small_run,
-                                     "large": large_run, "growth_mb": growth}
+            result["first_shipped"] = {"options": extra, "small": small_run,
+                                       "large": large_run, "growth_mb": growth}
     return result
 
 
@@ -518,7 +521,7 @@ def profile(args: argparse.Namespace, broker: common.Broker) -> int:
     log(f"floor (one consumer, Kafka columns only):         {rows / seconds:>10,.0f} records/s")
     variants = (("as shipped", {}),
                 ("fetch.queue.backoff.ms=10", {"kafka.fetch.queue.backoff.ms": "10"}),
-                ("recommended consumer settings", RECOMMENDED_CONSUMER))
+                ("first shipped consumer settings", FIRST_SHIPPED_CONSUMER))
     for label, extra in variants:
         rows, seconds = common.drain(common.range_reader(bootstrap, topic, 0, 0, n, extra))
         log(f"RangeReader bounded, {label:<31} {rows / seconds:>10,.0f} records/s")
@@ -622,9 +625,10 @@ def summarise(results: dict) -> list[str]:
         lines.append("")
         lines.append("executor loop alone (RangeReader, one partition, child process):")
         rows = [("as shipped", memory)]
-        if "recommended" in memory:
-            options = ", ".join(f"{k}={v}" for k, v in memory["recommended"]["options"].items())
-            rows.append((f"with {options}", memory["recommended"]))
+        if "first_shipped" in memory:
+            first = memory["first_shipped"]
+            options = ", ".join(f"{k}={v}" for k, v in first["options"].items())
+            rows.append((f"as first shipped ({options})", first))
         for label, data in rows:
             lines.append(f"  {label}:")
             lines.append(f"    peak RSS {memory['small_records']:,} records "
@@ -848,7 +852,7 @@ def measure(args: argparse.Namespace, broker: common.Broker) -> int:
                               {})[label] = summary
         if "overhead" not in args.skip and wanted:
             log("per-task fixed cost of the executor loop")
-            results["task_overhead"] = task_overhead(bootstrap, topic, per_partition, 8)
+            results["task_overhead"] = task_overhead(bootstrap, topic, per_partition, 20)
         if "planning" not in args.skip:
             counts = [int(c) for c in args.planning_partitions.split(",") if c.strip()]
             log(f"driver planning for {counts} partitions")

@@ -38,13 +38,14 @@ from kwatermark.watermarks import (
 log = logging.getLogger("kwatermark.reader")
 
 # librdkafka's prefetch doubles consume throughput (DESIGN §9), but past the range's end it
-# only wastes memory and bandwidth: cap it at what the task still has to read. A full queue
-# pauses fetching for fetch.queue.backoff.ms (1 s by default since librdkafka 2.4), which
-# forced a deep queue; with a 10 ms backoff 100k messages keep full speed and a worker's
-# memory stays flat (bench/README.md: 5M-record range 0.58M -> 1.17M records/s, RSS growth
-# 165 MB -> 3 MB; the last record of a range no longer waits ~1 s).
+# only wastes memory and bandwidth: cap it at what the task still has to read. Whenever the
+# local queue holds queued.min.messages, or a fetch decision finds nothing to do yet,
+# librdkafka waits fetch.queue.backoff.ms before fetching again (1 s by default since 2.4).
+# 1 ms keeps a 100k queue at full speed, a worker's memory flat, and a task's first records
+# arriving at once (bench/README.md: a 1-record task 1,005 ms -> 13 ms at 10 ms -> 3 ms at
+# 1 ms; 5M-record range RSS growth 165 MB -> 3 MB; CPU per record not higher).
 MAX_PREFETCH_MESSAGES = 100_000
-FETCH_QUEUE_BACKOFF_MS = 10
+FETCH_QUEUE_BACKOFF_MS = 1
 
 # Set only by the fault-injection tests: fail a task's first attempt mid-range.
 FAULT_ENV = "KWATERMARK_TEST_FAIL_ONCE_DIR"
