@@ -80,6 +80,32 @@ def test_broker_stopped_mid_query_fails_clearly_then_restart_is_data_loss(spark,
         local.stop()
 
 
+def test_partition_added_mid_query_is_read_from_its_start(spark, broker, topic_factory,
+                                                        tmp_path):
+    if not broker.supports_create_partitions:
+        pytest.skip("the Tansu test broker has no CreatePartitions (test_source.py covers the "
+                    "same new-partition path with a new topic matching subscribePattern); "
+                    "runs against Apache Kafka (Docker or KAFKA_BOOTSTRAP_SERVERS)")
+    from confluent_kafka.admin import NewPartitions
+
+    writer = topic_factory(1)
+    writer.send([Record(0, 1_000), Record(0, 2_000)])
+    frame = kwatermark_stream(spark, broker, writer.topic,
+                              **{"watermark.stateLocation": str(tmp_path / "ledger")})
+    seen = Batches()
+    checkpoint = str(tmp_path / "ckpt")
+    run_available_now(frame, checkpoint, seen)
+    admin = broker.admin()
+    for future in admin.create_partitions([NewPartitions(writer.topic, 2)]).values():
+        future.result(30)
+    writer.send([Record(0, 3_000), Record(1, 500), Record(1, 4_000)])
+    run_available_now(frame, checkpoint, seen)
+    assert [(r["partition"], r["offset"]) for r in seen.rows] == [
+        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    marks = [wm_ms(r) for r in seen.rows if r["partition"] == 0]
+    assert marks == sorted(marks, key=lambda w: -1 if w is None else w)  # never backwards
+
+
 SECRET = "s3cr3t-Pa55word-4242"
 
 
