@@ -17,6 +17,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 @dataclass
 class TestBroker:
+    __test__ = False  # a helper, not a test class for pytest to collect
+
     bootstrap_servers: str
     kind: str  # "external", "kafka" (testcontainers) or "tansu"
     _stop: object = None
