@@ -34,7 +34,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # tests.support.registry
 
 from kwatermark.serde import make_deserializer
-
 from tests.support.registry import FakeSchemaRegistry
 
 ORDER_SCHEMA = {

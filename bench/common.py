@@ -19,6 +19,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
 from kwatermark import arrow
 from kwatermark.offsets import split_range
 

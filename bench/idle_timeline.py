@@ -19,8 +19,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.support.kafka import Record, TestBroker, TopicWriter  # noqa: E402
-from tests.support.streams import Batches, kwatermark_stream, run_available_now, wm_ms  # noqa: E402
+from tests.support.kafka import Record, TestBroker, TopicWriter
+from tests.support.streams import Batches, kwatermark_stream, run_available_now, wm_ms
 
 POLICIES = ("none", "timeout", "caught-up", "advance")
 

@@ -347,8 +347,9 @@ def measure_planning(spark, broker: common.Broker, counts: list[int], calls: int
                      ws: Workspace) -> dict:
     """``latestOffset(start, ReadAllAvailable()) + partitions(start, end)`` on a stream reader
     built directly, with records in every partition; median over ``calls``."""
-    from kwatermark.source import KWatermarkDataSource
     from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from kwatermark.source import KWatermarkDataSource
 
     results = {}
     for n in counts:
@@ -414,9 +415,10 @@ def planning_after_batch(source, schema, end: dict, tasks: list, calls: int) -> 
     """The first ``latestOffset`` after a batch ran: it folds every task's progress record
     from the ledger (DESIGN §4) before asking the broker. The records are published here as
     the tasks would have; each call uses a fresh reader, so nothing is cached."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
     from kwatermark.ledger import ProgressRecord
     from kwatermark.watermarks import make_generator
-    from pyspark.sql.streaming.datasource import ReadAllAvailable
 
     publisher = source.streamReader(schema)
     for partition in tasks:
@@ -509,8 +511,9 @@ class _TimedConsumer:
 def profile(args: argparse.Namespace, broker: common.Broker) -> int:
     """The executor loop alone, over one partition: plain figures, where the time goes
     (inside consume() vs. the Python side), then a pyinstrument profile."""
-    import kwatermark.reader
     from pyinstrument import Profiler
+
+    import kwatermark.reader
 
     n = args.profile_records
     bootstrap = broker.bootstrap_servers

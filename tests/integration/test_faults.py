@@ -10,6 +10,7 @@ import pytest
 
 from kwatermark.localbroker import LocalBroker
 from tests.support.kafka import Record, TestBroker, TopicWriter
+from tests.support.secrets import gather, leaks
 from tests.support.streams import (
     Batches,
     kwatermark_batch,
@@ -114,7 +115,7 @@ SECRET = "s3cr3t-Pa55word-4242"
 
 
 def test_secrets_never_appear_in_offsets_progress_ledger_logs_or_errors(
-        spark, broker, topic_factory, tmp_path, capfd):
+        spark, broker, topic_factory, tmp_path, capfd, request):
     writer = topic_factory(2)
     writer.send([Record(0, 1_000), Record(1, 2_000)])
     ledger = tmp_path / "ledger"
@@ -129,14 +130,8 @@ def test_secrets_never_appear_in_offsets_progress_ledger_logs_or_errors(
         kwatermark_stream(spark, broker, writer.topic, maxOffsetsPerTrigger="-1",
                           **secrets).writeStream.format("noop").start().awaitTermination(30)
     query.explain(extended=True)  # the plan (with options) goes to stdout, searched below
-    places = {"progress": json.dumps(query.recentProgress, default=str),
-              "error": str(failure.value)}
-    for root in (ledger, checkpoint):
-        for path in root.rglob("*"):
-            if path.is_file():
-                places[str(path)] = path.read_bytes().decode("utf-8", "replace")
-    captured = capfd.readouterr()
-    places["stdout"], places["stderr"] = captured.out, captured.err
-    leaked = [where for where, text in places.items() if SECRET in text]
-    assert leaked == []
+    places = gather([ledger, checkpoint], {"progress": json.dumps(query.recentProgress,
+                                                                  default=str),
+                                           "error": str(failure.value)}, capfd, request)
+    assert leaks(SECRET, places) == []
     assert len(places) > 6  # offsets, commits, metadata and ledger files were searched

@@ -24,6 +24,7 @@ import pytest
 
 from kwatermark.localbroker import LocalBroker
 from tests.support.kafka import TestBroker
+from tests.support.secrets import gather, leaks
 from tests.support.streams import kwatermark_batch, kwatermark_stream, run_available_now
 
 PASSWORD = "Scr4m-Pa55word-9317"
@@ -42,17 +43,6 @@ def secured() -> TestBroker:
     local.stop()
 
 
-def spark_output(request) -> str | None:
-    """What the Spark JVM and its Python workers (librdkafka's log lines among them) printed
-    during this test, or None when pytest does not capture (``-s``). They write to the file
-    pytest's global capture gave the JVM when it started, which capfd cannot see."""
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-    if capture is None or not capture.is_globally_capturing():
-        return None
-    captured = capture.read_global_capture()
-    return captured.out + captured.err
-
-
 def test_refused_scram_login_fails_a_stream_fast_and_the_password_is_written_nowhere(
         spark, secured, tmp_path, capfd, request):
     checkpoint, ledger = tmp_path / "ckpt", tmp_path / "ledger"
@@ -68,18 +58,10 @@ def test_refused_scram_login_fails_a_stream_fast_and_the_password_is_written_now
     assert "sasl_plaintext://" in message
     assert "SASL SCRAM authentication failed" in message
 
-    places = {"error": message}
-    for root in (checkpoint, ledger):
-        for path in root.rglob("*"):
-            if path.is_file():
-                places[str(path)] = path.read_bytes().decode("utf-8", "replace")
-    captured = capfd.readouterr()
-    places["stdout"], places["stderr"] = captured.out, captured.err
-    output = spark_output(request)
-    if output is not None:
-        assert "SASL SCRAM authentication failed" in output  # the workers' log lines are in
-        places["spark output"] = output
-    assert [where for where, text in places.items() if PASSWORD in text] == []
+    places = gather([checkpoint, ledger], {"error": message}, capfd, request)
+    if "spark output" in places:  # the workers' log lines are in it
+        assert "SASL SCRAM authentication failed" in places["spark output"]
+    assert leaks(PASSWORD, places) == []
     assert str(checkpoint / "metadata") in places  # the checkpoint was written and searched
 
 

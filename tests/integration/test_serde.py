@@ -15,7 +15,11 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from tests.support.kafka import Record
 from tests.support.registry import FakeSchemaRegistry
 from tests.support.streams import (
-    Batches, kwatermark_batch, kwatermark_stream, run_available_now, wm_ms,
+    Batches,
+    kwatermark_batch,
+    kwatermark_stream,
+    run_available_now,
+    wm_ms,
 )
 
 ORDER = {

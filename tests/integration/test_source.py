@@ -7,13 +7,22 @@ import time
 
 import pytest
 from pyspark.sql.types import (
-    ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType,
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
     TimestampType,
 )
 
 from tests.support.kafka import Record
 from tests.support.streams import (
-    Batches, kwatermark_batch, kwatermark_stream, run_available_now,
+    Batches,
+    kwatermark_batch,
+    kwatermark_stream,
+    run_available_now,
 )
 
 # Spark's Kafka source schema, from Spark's documentation, then kwatermark's two columns.
@@ -87,7 +96,7 @@ def test_discovered_in_a_fresh_process_without_registration(broker, topic_factor
         f"'{broker.bootstrap_servers}').option('subscribe', '{writer.topic}').load()\n"
         "print('ROWS', df.count())\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=240, cwd="/")
+                          timeout=240, cwd="/", check=False)
     assert "ROWS 2" in done.stdout, done.stderr[-3000:]
 
 
@@ -150,7 +159,7 @@ def test_max_offsets_per_trigger_bounds_every_micro_batch_under_available_now(
     writer.send([Record(0, 1_000 + i) for i in range(40)]
                 + [Record(1, 1_000 + i) for i in range(15)] + [Record(2, 1_000)])
     frame = kwatermark_stream(spark, broker, writer.topic, maxOffsetsPerTrigger=10)
-    batches, query = run_available_now(frame, checkpoint)
+    batches, _ = run_available_now(frame, checkpoint)
     sizes = [len(b) for b in batches.batches()]
     assert sum(sizes) == 56
     assert all(0 < s <= 10 for s in sizes), sizes

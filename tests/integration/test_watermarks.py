@@ -9,7 +9,11 @@ from pyspark.sql import functions as F
 
 from tests.support.kafka import Record
 from tests.support.streams import (
-    Batches, ev_ms, kwatermark_stream, run_available_now, wm_ms,
+    Batches,
+    ev_ms,
+    kwatermark_stream,
+    run_available_now,
+    wm_ms,
 )
 
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
 from kwatermark.ledger import ProgressLedger, ProgressRecord, record_key
 from kwatermark.offsets import PartitionState, RangeTask
 from kwatermark.watermarks import NO_PARTITIONS, UNDEFINED

@@ -8,6 +8,7 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kwatermark.offsets import (
     BatchOffset,
     OffsetFormatError,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kwatermark.errors import OptionError
 from kwatermark.options import (
     KWATERMARK_OPTIONS,

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kwatermark.arrow import OutputLayout
 from kwatermark.offsets import BatchOffset, TopicPartition
 from kwatermark.options import parse_options

@@ -6,6 +6,7 @@ import json
 
 import pyarrow as pa
 import pytest
+
 from kwatermark.serde import SerdeError, avro_to_arrow_type
 
 UTC_MICROS = pa.timestamp("us", tz="UTC")

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kwatermark.serde import AvroDeserializer, SerdeError, make_deserializer
 
 EVERY_TYPE = {

@@ -13,9 +13,9 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+
 from kwatermark.serde import ConfluentAvroDeserializer, SerdeError, make_deserializer
 from kwatermark.serde import registry as registry_module
-
 from tests.support.registry import FakeSchemaRegistry
 
 ORDER_V1 = {

@@ -8,6 +8,7 @@ import pickle
 
 import pyarrow as pa
 import pytest
+
 from kwatermark.serde import (
     FORMATS,
     DecodedBatch,

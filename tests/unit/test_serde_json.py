@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kwatermark.serde import JsonDeserializer, SerdeError, make_deserializer
 
 ORDER = pa.struct([

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kwatermark.errors import PluginError
 from kwatermark.options import WatermarkConfig, parse_options
 from kwatermark.records import RecordBlock
