@@ -62,7 +62,7 @@ class KafkaMetadata:
         """Retry as ``fetchOffset.numRetries``/``retryIntervalMs`` say, then fail naming the
         brokers; the whole call is bounded by ``kafkaConsumer.pollTimeoutMs`` per attempt."""
         attempts = self.options.fetch_offset_retries + 1
-        self.admin  # created outside the retries: a bad kafka.* option is not a broker fault
+        _ = self.admin  # created outside the retries: a bad kafka.* option is not a broker fault
         for attempt in range(attempts):
             try:
                 return call()

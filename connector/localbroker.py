@@ -23,6 +23,7 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass
+from typing import Self
 
 from kwatermark.errors import KWatermarkError
 
@@ -89,7 +90,7 @@ class LocalBroker:
             except subprocess.TimeoutExpired:
                 self.process.kill()
 
-    def __enter__(self) -> LocalBroker:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -118,7 +118,7 @@ def parse_duration_ms(option: str, text: str) -> int:
         raise OptionError(f"option {option}: duration {text!r} is negative")
     if total >= 2**62:  # also inf: an absurdly long number of units
         raise OptionError(f"option {option}: duration {text!r} is too large")
-    return int(round(total))
+    return round(total)
 
 
 def _parse_bool(option: str, text: str) -> bool:

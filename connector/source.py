@@ -46,7 +46,7 @@ class RangePartition(InputPartition):
 
 def _json_type_ddl(options: SourceOptions, role: str) -> str | None:
     """The user's ``{role}.json.schema`` as a Spark type string (DDL or Spark's JSON)."""
-    schema = dict((k.lower(), v) for k, v in options.serde_options).get(f"{role}.json.schema")
+    schema = {k.lower(): v for k, v in options.serde_options}.get(f"{role}.json.schema")
     if schema is None:
         return None
     if schema.lstrip().startswith("{"):
