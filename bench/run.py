@@ -817,7 +817,10 @@ def measure(args: argparse.Namespace, broker: common.Broker) -> int:
                     for label, extra in configs]
                 if "ceiling" not in args.skip:
                     plan.append(("spark ceiling", common.CEILING_FORMAT, ceiling))
-                for label, fmt, options in plan:
+                # Each round starts with another configuration: the first after the floor's
+                # read would otherwise always be the same one.
+                turn = (round_no - 1) % len(plan)
+                for label, fmt, options in plan[turn:] + plan[:turn]:
                     run = run_streaming(spark, fmt, options, args.records, label, ws, meter)
                     runs.setdefault(f"streaming:{label}", []).append(run)
                     log(f"round {round_no}: streaming {label:<17} warm "
