@@ -3,7 +3,7 @@ idle partition, and check that nothing is lost or read twice, that the watermark
 decreases, never passes the lagging partition, is not held by the idle one, and that Spark's
 Python workers keep a flat memory footprint.
 
-    /work/venv/bin/python -m tests.soak.soak --minutes 10 [--bootstrap-servers HOST:PORT]
+    .venv/bin/python -m tests.soak.soak --minutes 10 [--bootstrap-servers HOST:PORT]
 
 Without ``--bootstrap-servers`` the run starts its own Tansu broker
 (``kwatermark.localbroker.LocalBroker``). ``tests/soak/test_soak.py`` runs a shortened form
