@@ -143,12 +143,7 @@ class AvroDeserializer:
 
     @classmethod
     def from_options(cls, opts: RoleOptions) -> AvroDeserializer:
-        text = opts.get("avro.schema")
-        if text is None:
-            raise SerdeError(
-                f"{opts.name('avro.schema')} (the writer's Avro schema JSON) is required when "
-                f"{opts.name('format')} is avro"
-            )
+        text = opts.require("avro.schema", "avro", " (the writer's Avro schema JSON)")
         writer = load_schema(text, opts.name("avro.schema"))
         reader_text = opts.get("avro.readerschema")
         reader = load_schema(reader_text, opts.name("avro.readerSchema")) if reader_text else None

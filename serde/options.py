@@ -38,6 +38,15 @@ class RoleOptions:
             return default
         return value
 
+    def require(self, suffix: str, fmt: str, what: str = "") -> str:
+        """``get(suffix)``, or a SerdeError naming the option that ``{role}.format=fmt`` needs
+        (``what`` describes it, e.g. " (the writer's Avro schema JSON)")."""
+        value = self.get(suffix)
+        if value is None:
+            raise SerdeError(f"{self.name(suffix)}{what} is required when "
+                             f"{self.name('format')} is {fmt}")
+        return value
+
     def with_prefix(self, suffix_prefix: str) -> dict[str, str]:
         """Options under ``{role}.{suffix_prefix}``, keyed by the rest of their lower-cased name."""
         prefix = self.name(suffix_prefix).lower()

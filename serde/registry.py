@@ -72,12 +72,7 @@ class SchemaRegistry:
 
     @classmethod
     def from_options(cls, opts: RoleOptions) -> SchemaRegistry:
-        url = opts.get("schema.registry.url")
-        if url is None:
-            raise SerdeError(
-                f"{opts.name('schema.registry.url')} is required when "
-                f"{opts.name('format')} is avro-confluent"
-            )
+        url = opts.require("schema.registry.url", "avro-confluent")
         settings: dict[str, Any] = {}
         for key, value in opts.with_prefix("schema.registry.").items():
             if key in ("url", "subject"):

@@ -142,3 +142,15 @@ def test_payloads_may_be_an_arrow_binary_column_or_memoryviews(wrap):
     batch = json.decode(wrap([b'{"n": 1}', None, b"[]"]))
     assert batch.array.to_pylist() == [{"n": 1}, None, None]
     assert batch.errors[2] == "JSON value is an array, not an object"
+
+
+@pytest.mark.parametrize("fmt, message", [
+    ("avro", ("value.avro.schema (the writer's Avro schema JSON) is required when "
+             "value.format is avro")),
+    ("avro-confluent", ("value.schema.registry.url is required when value.format is "
+                       "avro-confluent")),
+])
+def test_a_format_without_its_required_option_names_it(fmt, message):
+    with pytest.raises(SerdeError) as failure:
+        make_deserializer("value", {"value.format": fmt})
+    assert str(failure.value) == message
