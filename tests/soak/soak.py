@@ -44,7 +44,9 @@ from dataclasses import dataclass, fields
 
 from confluent_kafka import Producer
 from confluent_kafka import TopicPartition as KafkaTP
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from tests.support.kafka import TestBroker
 
 LEADING, LAGGING, IDLE = 0, 1, 2
 PARTITIONS = 3
@@ -202,11 +204,8 @@ class SoakProducer:
 
 
 def create_topic(bootstrap_servers: str) -> str:
-    topic = f"soak-{uuid.uuid4().hex[:10]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})  # keep it: futures die with it
-    for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
-        future.result(30)
-    return topic
+    return TestBroker(bootstrap_servers, "external").create_topic(
+        PARTITIONS, f"soak-{uuid.uuid4().hex[:10]}")
 
 
 def end_offsets(bootstrap_servers: str, topic: str) -> dict[int, int]:

@@ -17,19 +17,13 @@ import os
 import signal
 import sys
 
+from tests.support.streams import epoch_ms
+
 
 def _rows(frame) -> list[list]:
     rows = frame.select("partition", "offset", "value", "timestamp", "watermark").collect()
     return sorted([r["partition"], r["offset"], r["value"].decode(),
-                   _ms(r["timestamp"]), _ms(r["watermark"])] for r in rows)
-
-
-def _ms(value) -> int | None:
-    import datetime as dt
-
-    if value is None:
-        return None
-    return round(value.replace(tzinfo=dt.timezone.utc).timestamp() * 1000)
+                   epoch_ms(r["timestamp"]), epoch_ms(r["watermark"])] for r in rows)
 
 
 def _write(path: str, payload) -> None:

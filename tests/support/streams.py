@@ -66,20 +66,19 @@ def run_available_now(frame, checkpoint: str, batches: Batches | None = None,
 
 def wm_ms(row) -> int | None:
     """A row's watermark in epoch ms (None when null)."""
-    value = row["watermark"]
-    if value is None:
-        return None
-    return _epoch_ms(value)
+    return epoch_ms(row["watermark"])
 
 
 def ev_ms(row) -> int | None:
-    value = row["event_time"]
-    return None if value is None else _epoch_ms(value)
+    return epoch_ms(row["event_time"])
 
 
-def _epoch_ms(value) -> int:
+def epoch_ms(value) -> int | None:
+    """A collected timestamp (naive datetimes are UTC in the tests) in epoch ms; None stays."""
     import datetime as dt
 
+    if value is None:
+        return None
     if value.tzinfo is None:
         value = value.replace(tzinfo=dt.timezone.utc)
     return round(value.timestamp() * 1000)
