@@ -23,6 +23,7 @@ class OutputLayout:
     """Which optional columns the source emits, and the decoded columns' types."""
 
     include_headers: bool = False
+    heartbeat: bool = False
     flag_late: bool = False
     key_type: pa.DataType | None = None
     value_type: pa.DataType | None = None
@@ -42,6 +43,8 @@ class OutputLayout:
         if self.include_headers:
             fields.append(pa.field("headers", HEADERS))
         fields += [pa.field("event_time", TIMESTAMP), pa.field("watermark", TIMESTAMP)]
+        if self.heartbeat:
+            fields.append(pa.field("is_heartbeat", pa.bool_()))
         if self.flag_late:
             fields.append(pa.field("is_late", pa.bool_()))
         if self.key_type is not None:
@@ -80,3 +83,19 @@ def kafka_columns(layout: OutputLayout, topic: str, partition: int, keys: list, 
     if layout.include_headers:
         columns.append(pa.array(headers, type=HEADERS))
     return columns
+
+
+def heartbeat_batch(layout: OutputLayout, watermark_ms: int | None) -> pa.RecordBatch:
+    """The one row of a heartbeat micro-batch (DESIGN §10): no Kafka record, only the
+    watermark it carries and ``is_heartbeat`` true."""
+    schema = layout.schema()
+    columns = []
+    for f in schema:
+        if f.name == "watermark":
+            columns.append(pa.array([None if watermark_ms is None else watermark_ms * 1000],
+                                    type=pa.int64()).cast(TIMESTAMP))
+        elif f.name == "is_heartbeat":
+            columns.append(pa.array([True]))
+        else:
+            columns.append(pa.nulls(1, type=f.type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)

@@ -78,9 +78,11 @@ class PartitionRange:
 class BatchOffset:
     watermark: int | None
     partitions: dict[TopicPartition, PartitionRange]
+    # A heartbeat batch reads no record: its one row carries `watermark` (DESIGN §10).
+    heartbeat: bool = False
 
     def to_json(self) -> dict:
-        return {
+        data = {
             "v": OFFSET_VERSION,
             "watermark": self.watermark,
             "partitions": {
@@ -88,6 +90,9 @@ class BatchOffset:
                 for tp, r in sorted(self.partitions.items())
             },
         }
+        if self.heartbeat:
+            data["heartbeat"] = True
+        return data
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
@@ -119,7 +124,11 @@ class BatchOffset:
                 raise OffsetFormatError(f"offset: {key}: invalid range from={start} to={end}")
             partitions[tp] = PartitionRange(start, end, PartitionState.from_json(
                 key, entry.get("state", {})))
-        return cls(_optional_int("offset", "watermark", data.get("watermark")), partitions)
+        heartbeat = data.get("heartbeat", False)
+        if not isinstance(heartbeat, bool):
+            raise OffsetFormatError(f"offset: heartbeat must be true or false, got {heartbeat!r}")
+        return cls(_optional_int("offset", "watermark", data.get("watermark")), partitions,
+                   heartbeat)
 
 
 def _optional_int(where: str, name: str, value: object) -> int | None:

@@ -31,7 +31,7 @@ SPARK_KAFKA_OPTIONS = (
 KWATERMARK_OPTIONS = (
     "eventTime.field", "eventTime.assigner",
     "watermark.strategy", "watermark.maxOutOfOrderness", "watermark.punctuation",
-    "watermark.stateLocation",
+    "watermark.stateLocation", "watermark.heartbeat",
     "idle.policy", "idle.timeout", "idle.maxDelay",
     "lateRecords", "allowedLateness",
     "key.format", "value.format", "key.onError", "value.onError",
@@ -254,6 +254,7 @@ class SourceOptions:
     idle: IdleConfig = field(default_factory=IdleConfig)
     late_records: str = "keep"
     allowed_lateness_ms: int = 0
+    heartbeat: bool = False            # watermark.heartbeat: watermark-only batches (§10)
     state_location: str = ""
     serde_options: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # secrets
     key_format: str = "binary"
@@ -496,6 +497,7 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> S
         late_records=_parse_choice("lateRecords", opts.get("lateRecords", "keep"), LATE_MODES),
         allowed_lateness_ms=parse_duration_ms("allowedLateness",
                                               opts.get("allowedLateness", "0")),
+        heartbeat=_parse_bool("watermark.heartbeat", opts.get("watermark.heartbeat", "false")),
         state_location=state_location,
         serde_options=tuple(sorted((k, v) for k, v in opts.items()
                                    if k.lower().startswith(("key.", "value.")))),

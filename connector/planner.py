@@ -155,12 +155,11 @@ class BatchPlanner:
         if limits.max_rows is not None:
             ends = rate_limit(begins, ends, limits.max_rows)
         available = sum(ends[tp] - begins[tp] for tp in ends)
-        if available == 0:
+        if available == 0 and not self.options.heartbeat:
             return None
         now = now_ms()
-        if self._held_back(limits, available, now):
+        if available and self._held_back(limits, available, now):
             return None
-        self._last_trigger_ms = now
         partitions = {}
         for tp in sorted(ends):
             base = states.get(tp) or PartitionState(last_read_ms=now)
@@ -173,6 +172,12 @@ class BatchPlanner:
                    if r.state.idle != idle.EXCLUDE]
         previous = max(from_optional(start.watermark), emitted_max)
         watermark = emitted(previous, combined_watermark(counted))
+        if available == 0:
+            # Nothing to read, but the watermark the last batch's rows carried is behind what
+            # its records (or an idle decision since) reached: one batch carries it (§10).
+            return (BatchOffset(to_optional(watermark), partitions, heartbeat=True)
+                    if watermark > previous else None)
+        self._last_trigger_ms = now
         return BatchOffset(to_optional(watermark), partitions)
 
     def _begins(self, start: BatchOffset, current: list[TopicPartition]
@@ -269,6 +274,8 @@ class BatchPlanner:
             states[tp] = replace(r.state, generator=snapshot,
                                  max_event_ms=max(events) if events else None)
             highest = max([highest] + [from_optional(d.max_row_watermark) for d in done])
+        if offset.heartbeat:
+            highest = from_optional(offset.watermark)
         self._folded = {key: (states, highest)}
         return states, highest
 

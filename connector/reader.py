@@ -232,6 +232,8 @@ class RangeReader:
                               self.task.counted)
         self._account(event_times, rows, len(block))
         columns += [arrow.timestamps(event_times), arrow.timestamps(rows)]
+        if self.layout.heartbeat:
+            columns.append(pa.array(np.zeros(len(block), dtype=bool)))
         late = None
         if self.options.late_records != "keep":
             late = ((event_times != UNDEFINED) & (rows != UNDEFINED)

@@ -30,7 +30,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from kwatermark.arrow import OutputLayout
+from kwatermark.arrow import OutputLayout, heartbeat_batch
 from kwatermark.errors import OptionError
 from kwatermark.offsets import BatchOffset, RangeTask
 from kwatermark.options import SourceOptions, parse_options
@@ -42,6 +42,14 @@ class RangePartition(InputPartition):
     def __init__(self, task: RangeTask):
         super().__init__(task)
         self.task = task
+
+
+class HeartbeatPartition(InputPartition):
+    """The one task of a heartbeat batch: no record, one row carrying the watermark."""
+
+    def __init__(self, watermark_ms: int | None):
+        super().__init__(watermark_ms)
+        self.watermark_ms = watermark_ms
 
 
 def _json_type_ddl(options: SourceOptions, role: str) -> str | None:
@@ -88,6 +96,7 @@ def _decoders(options: SourceOptions, spark_schema: StructType | None) -> tuple[
 def _layout(options: SourceOptions, types: dict) -> OutputLayout:
     return OutputLayout(
         include_headers=options.include_headers,
+        heartbeat=options.heartbeat,
         flag_late=options.late_records == "flag",
         key_type=types["key"], value_type=types["value"],
         error_column=options.value_on_error == "null" and types["value"] is not None,
@@ -137,7 +146,10 @@ class KWatermarkDataSource(DataSource):
 
 
 def _read(options: SourceOptions, layout: OutputLayout, decoders: Decoders, planner: BatchPlanner,
-          partition: RangePartition) -> Iterator[pa.RecordBatch]:
+          partition: RangePartition | HeartbeatPartition) -> Iterator[pa.RecordBatch]:
+    if isinstance(partition, HeartbeatPartition):
+        yield heartbeat_batch(layout, partition.watermark_ms)
+        return
     reader = RangeReader(options, layout, decoders, partition.task)
     yield from reader
     planner.ledger.publish(partition.task, planner.fingerprint, reader.progress)
@@ -176,9 +188,11 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         end = self.planner.latest_offset(BatchOffset.from_json(start), limits)
         return start if end is None else end.to_json()
 
-    def partitions(self, start: dict, end: dict) -> list[RangePartition]:
-        return [RangePartition(task)
-                for task in self.planner.tasks(BatchOffset.from_json(end))]
+    def partitions(self, start: dict, end: dict) -> list[RangePartition | HeartbeatPartition]:
+        offset = BatchOffset.from_json(end)
+        if offset.heartbeat:
+            return [HeartbeatPartition(offset.watermark)]
+        return [RangePartition(task) for task in self.planner.tasks(offset)]
 
     def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, self.layout, self.decoders, self.planner, partition)

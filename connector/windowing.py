@@ -1,0 +1,401 @@
+"""Event-time windows as pure values (DESIGN §10): assignment, session merging, accumulators,
+and the per-key state machine that decides when a window is ``final``, re-emitted as an
+``update`` or surfaced as ``late``. Nothing here imports Spark or Kafka; the
+``transformWithState`` processor in :mod:`kwatermark.windows` only stores a :class:`KeyWindows`
+in Spark's state store and wakes it with Spark's event-time timers.
+
+A window ``[start, end)`` is complete once the watermark reaches ``end - 1`` (its maximum
+timestamp, as in Flink). With allowed lateness ``L``, a record is judged from its own event
+time and the watermark in force when it arrived (its row's ``watermark``):
+
+* ``end - 1 > w``           on time: accumulated, part of the window's ``final``;
+* ``end - 1 <= w < end - 1 + L``  late but allowed: accumulated, the window re-emits its whole
+  aggregate as an ``update`` (or is still in its ``final`` if that has not come out yet);
+* ``end - 1 + L <= w``      late: never accumulated; each batch emits, per window, the
+  aggregate of such records alone as a ``late`` row.
+
+So for ``count`` and ``sum`` the true value of a window is its last ``final``/``update`` plus
+the sum of its ``late`` rows.
+
+>>> state = KeyWindows()
+>>> spec = WindowSpec(Tumbling(10_000), (Agg("n", "count", None),), lateness_ms=0)
+>>> state.apply(spec, Rows.of([1_000, 2_000], [None, 500]), watermark=-1)
+[]
+>>> [(e.kind, e.start, e.values) for e in state.fire(spec, 9_999)]
+[('final', 0, [2])]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kwatermark.errors import KWatermarkError
+
+FINAL, UPDATE, LATE = "final", "update", "late"
+NO_WATERMARK = int(np.iinfo(np.int64).min)
+
+
+class WindowError(KWatermarkError):
+    """A window definition or an aggregation that cannot be built."""
+
+
+# -- assigners --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tumbling:
+    """Fixed, non-overlapping windows of ``size_ms``, aligned to the epoch plus ``offset_ms``."""
+
+    size_ms: int
+    offset_ms: int = 0
+    merging = False
+
+    def __post_init__(self):
+        if self.size_ms <= 0:
+            raise WindowError(f"tumbling window size must be positive, got {self.size_ms} ms")
+
+    def assign(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row index, window start) for every window each time falls in."""
+        starts = times - np.mod(times - self.offset_ms, self.size_ms)
+        return np.arange(len(times)), starts
+
+    @property
+    def length_ms(self) -> int:
+        return self.size_ms
+
+
+@dataclass(frozen=True)
+class Sliding:
+    """Windows of ``size_ms`` starting every ``slide_ms``: a time is in ``size / slide``
+    of them."""
+
+    size_ms: int
+    slide_ms: int
+    offset_ms: int = 0
+    merging = False
+
+    def __post_init__(self):
+        if self.size_ms <= 0 or self.slide_ms <= 0:
+            raise WindowError(f"sliding window size and slide must be positive, got "
+                              f"{self.size_ms} ms and {self.slide_ms} ms")
+        if self.size_ms % self.slide_ms:
+            raise WindowError(f"sliding window size ({self.size_ms} ms) must be a multiple of "
+                              f"its slide ({self.slide_ms} ms)")
+
+    def assign(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        last = times - np.mod(times - self.offset_ms, self.slide_ms)
+        per = self.size_ms // self.slide_ms
+        rows = np.repeat(np.arange(len(times)), per)
+        starts = np.repeat(last, per) - np.tile(np.arange(per) * self.slide_ms, len(times))
+        return rows, starts
+
+    @property
+    def length_ms(self) -> int:
+        return self.size_ms
+
+
+@dataclass(frozen=True)
+class Session:
+    """Per key, records closer than ``gap_ms`` share a window ``[first, last + gap)``; windows
+    that touch merge (Flink's ``EventTimeSessionWindows``)."""
+
+    gap_ms: int
+    merging = True
+
+    def __post_init__(self):
+        if self.gap_ms <= 0:
+            raise WindowError(f"session gap must be positive, got {self.gap_ms} ms")
+
+
+Assigner = Tumbling | Sliding | Session
+
+
+def merge_intervals(intervals: Sequence[tuple[int, int]]) -> list[tuple[list[int], int, int]]:
+    """Groups of intervals that touch or overlap, transitively: ``(members, start, end)``
+    with member indices into ``intervals``, ordered by start."""
+    order = sorted(range(len(intervals)), key=lambda i: intervals[i])
+    groups: list[tuple[list[int], int, int]] = []
+    for i in order:
+        start, end = intervals[i]
+        if groups and start <= groups[-1][2]:
+            members, first, last = groups[-1]
+            groups[-1] = (members + [i], first, max(last, end))
+        else:
+            groups.append(([i], start, end))
+    return groups
+
+
+# -- accumulators -----------------------------------------------------------------------------
+
+FUNCTIONS = ("count", "sum", "min", "max", "avg", "first", "last")
+
+
+@dataclass(frozen=True)
+class Agg:
+    """One output column: ``name = function(column)``; ``column`` None only for ``count``
+    (rows). ``first``/``last`` are by event time."""
+
+    name: str
+    function: str
+    column: str | None
+
+    def __post_init__(self):
+        if self.function not in FUNCTIONS:
+            raise WindowError(f"aggregation {self.name!r}: unknown function {self.function!r}; "
+                              f"use one of {', '.join(FUNCTIONS)}")
+        if self.column is None and self.function != "count":
+            raise WindowError(f"aggregation {self.name!r}: {self.function} needs a column")
+
+    def zero(self) -> object:
+        return {"count": 0, "sum": None, "avg": (0.0, 0)}.get(self.function)
+
+    def partial(self, values: np.ndarray | None, times: np.ndarray) -> object:
+        """The accumulator of one group of rows (``values`` None: count rows)."""
+        f = self.function
+        if values is None:
+            return len(times)
+        present = ~_is_null(values)
+        if f == "count":
+            return int(present.sum())
+        if not present.any():
+            return self.zero()
+        kept, kept_times = values[present], times[present]
+        if f == "sum":
+            return _scalar(kept.sum())
+        if f == "avg":
+            return (float(kept.astype(float).sum()), int(kept.size))
+        if f == "min":
+            return _scalar(min(kept))
+        if f == "max":
+            return _scalar(max(kept))
+        at = int(np.argmin(kept_times)) if f == "first" else \
+            len(kept_times) - 1 - int(np.argmax(kept_times[::-1]))
+        return (int(kept_times[at]), _scalar(kept[at]))
+
+    def merge(self, a: object, b: object) -> object:
+        f = self.function
+        if f == "count":
+            return a + b
+        if f == "avg":
+            return (a[0] + b[0], a[1] + b[1])
+        if a is None:
+            return b
+        if b is None:
+            return a
+        if f == "sum":
+            return a + b
+        if f == "min":
+            return min(a, b)
+        if f == "max":
+            return max(a, b)
+        if f == "first":
+            return a if a[0] <= b[0] else b
+        return b if b[0] >= a[0] else a  # last: the later one; ties: the later partial
+
+    def result(self, acc: object) -> object:
+        if self.function == "avg":
+            return acc[0] / acc[1] if acc[1] else None
+        if self.function in ("first", "last"):
+            return None if acc is None else acc[1]
+        return acc
+
+
+def _is_null(values: np.ndarray) -> np.ndarray:
+    if values.dtype.kind == "f":
+        return np.isnan(values)
+    if values.dtype.kind in "iub":
+        return np.zeros(len(values), dtype=bool)
+    if values.dtype.kind == "M":
+        return np.isnat(values)
+    return np.fromiter((v is None or (isinstance(v, float) and math.isnan(v)) for v in values),
+                       dtype=bool, count=len(values))
+
+
+def _scalar(value: object) -> object:
+    return value.item() if isinstance(value, np.generic) else value
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """What ``aggregate`` computes: the windows, the aggregations, the allowed lateness."""
+
+    assigner: Assigner
+    aggs: tuple[Agg, ...]
+    lateness_ms: int = 0
+
+    def __post_init__(self):
+        if self.lateness_ms < 0:
+            raise WindowError(f"allowed_lateness must not be negative, got {self.lateness_ms} ms")
+        names = [a.name for a in self.aggs]
+        if len(set(names)) != len(names):
+            raise WindowError(f"aggregation names must be unique, got {names}")
+
+    def zero(self) -> list:
+        return [a.zero() for a in self.aggs]
+
+    def merge(self, a: list, b: list) -> list:
+        return [agg.merge(x, y) for agg, x, y in zip(self.aggs, a, b)]
+
+    def partial(self, columns: dict[str, np.ndarray], times: np.ndarray,
+                rows: np.ndarray) -> list:
+        return [agg.partial(None if agg.column is None else columns[agg.column][rows],
+                            times[rows]) for agg in self.aggs]
+
+    def results(self, acc: list) -> list:
+        return [agg.result(a) for agg, a in zip(self.aggs, acc)]
+
+
+# -- one key's windows ------------------------------------------------------------------------
+
+
+@dataclass
+class Rows:
+    """One key's rows of a micro-batch: event times, row watermarks (None/NaN = undefined) and
+    the aggregated columns."""
+
+    times: np.ndarray                      # epoch ms, int64
+    watermarks: np.ndarray                 # epoch ms, int64 (NO_WATERMARK = undefined)
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, times: Sequence[int], watermarks: Sequence[int | None],
+           columns: dict[str, Sequence] | None = None) -> Rows:
+        marks = [NO_WATERMARK if w is None else w for w in watermarks]
+        return cls(np.asarray(times, dtype=np.int64), np.asarray(marks, dtype=np.int64),
+                   {k: np.asarray(v) for k, v in (columns or {}).items()})
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+
+@dataclass
+class Slot:
+    """A window in state: its accumulator, whether it was emitted, whether it changed since."""
+
+    acc: list
+    emitted: bool = False
+    pending: bool = True
+
+
+@dataclass(frozen=True)
+class Emission:
+    kind: str            # FINAL, UPDATE or LATE
+    start: int | None    # None: a late record without an event time
+    end: int | None
+    values: list
+
+
+@dataclass
+class KeyWindows:
+    """The windows of one key that can still change. ``apply`` takes a micro-batch's rows,
+    ``fire`` emits what the watermark completed and drops what can no longer change."""
+
+    slots: dict[tuple[int, int], Slot] = field(default_factory=dict)
+
+    def apply(self, spec: WindowSpec, rows: Rows, watermark: int) -> list[Emission]:
+        """Fold one micro-batch's rows in; ``watermark`` is Spark's (the batch start's).
+
+        Returns the ``final``/``update`` rows that are due and the batch's ``late`` rows.
+        """
+        emitted = self.fire(spec, watermark)
+        known = rows.times != NO_WATERMARK if len(rows) else np.zeros(0, dtype=bool)
+        late = []
+        if (~known).any():
+            missing = np.flatnonzero(~known)
+            late.append(Emission(LATE, None, None,
+                                 spec.results(spec.partial(rows.columns, rows.times, missing))))
+        placed = np.flatnonzero(known)
+        if spec.assigner.merging:
+            late += self._apply_sessions(spec, rows, placed)
+        else:
+            late += self._apply_fixed(spec, rows, placed)
+        return emitted + self.fire(spec, watermark) + late
+
+    def _apply_fixed(self, spec: WindowSpec, rows: Rows, placed: np.ndarray) -> list[Emission]:
+        index, starts = spec.assigner.assign(rows.times[placed])
+        index = placed[index]
+        ends = starts + spec.assigner.length_ms
+        is_late = ends - 1 + spec.lateness_ms <= rows.watermarks[index]
+        late = []
+        for flag in (False, True):
+            chosen = is_late == flag
+            if not chosen.any():
+                continue
+            windows, inverse = np.unique(starts[chosen], return_inverse=True)
+            picked = index[chosen]
+            order = np.argsort(inverse, kind="stable")
+            bounds = np.searchsorted(inverse[order], np.arange(len(windows) + 1))
+            for w, start in enumerate(windows.tolist()):
+                members = picked[order[bounds[w]:bounds[w + 1]]]
+                partial = spec.partial(rows.columns, rows.times, members)
+                window = (start, start + spec.assigner.length_ms)
+                if flag:
+                    late.append(Emission(LATE, *window, spec.results(partial)))
+                else:
+                    self._add(spec, window, partial)
+        return late
+
+    def _apply_sessions(self, spec: WindowSpec, rows: Rows, placed: np.ndarray
+                        ) -> list[Emission]:
+        gap = spec.assigner.gap_ms
+        late_rows = []
+        # Arrival order: the row watermark never decreases within a partition.
+        for i in sorted(placed.tolist(), key=lambda i: (rows.watermarks[i], rows.times[i])):
+            t = int(rows.times[i])
+            start, end = t, t + gap
+            touching = [w for w in self.slots if w[0] <= end and start <= w[1]]
+            for w in touching:
+                start, end = min(start, w[0]), max(end, w[1])
+            if end - 1 + spec.lateness_ms <= rows.watermarks[i]:
+                late_rows.append(i)
+                continue
+            merged = Slot(spec.partial(rows.columns, rows.times, np.asarray([i])))
+            for w in touching:
+                old = self.slots.pop(w)
+                merged.acc = spec.merge(old.acc, merged.acc)
+                merged.emitted |= old.emitted
+            self.slots[(start, end)] = merged
+        late = []
+        intervals = [(int(rows.times[i]), int(rows.times[i]) + gap) for i in late_rows]
+        for members, start, end in merge_intervals(intervals):
+            chosen = np.asarray([late_rows[m] for m in members])
+            late.append(Emission(LATE, start, end,
+                                 spec.results(spec.partial(rows.columns, rows.times, chosen))))
+        return late
+
+    def _add(self, spec: WindowSpec, window: tuple[int, int], partial: list) -> None:
+        slot = self.slots.get(window)
+        if slot is None:
+            self.slots[window] = Slot(spec.merge(spec.zero(), partial))
+        else:
+            slot.acc = spec.merge(slot.acc, partial)
+            slot.pending = True
+
+    def fire(self, spec: WindowSpec, watermark: int) -> list[Emission]:
+        """Emit every changed window the watermark completed; forget the ones past lateness."""
+        out = []
+        for window in sorted(self.slots):
+            slot = self.slots[window]
+            if window[1] - 1 > watermark:
+                continue
+            if slot.pending:
+                out.append(Emission(UPDATE if slot.emitted else FINAL, *window,
+                                    spec.results(slot.acc)))
+                slot.emitted, slot.pending = True, False
+            if window[1] - 1 + spec.lateness_ms <= watermark:
+                del self.slots[window]
+        return out
+
+    def wake_ups(self, spec: WindowSpec) -> set[int]:
+        """Watermarks at which ``fire`` has something to do: each window's completion and, with
+        lateness, the end of its lateness."""
+        marks = set()
+        for start, end in self.slots:
+            marks.add(end - 1)
+            if spec.lateness_ms:
+                marks.add(end - 1 + spec.lateness_ms)
+        return marks

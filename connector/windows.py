@@ -1,0 +1,296 @@
+"""Event-time windowed aggregation that follows kwatermark's per-partition watermark.
+
+Spark's ``groupBy(window(...))`` evicts by Spark's own global watermark and cannot be tied to
+the ``watermark`` column, so kwatermark ships the windowing itself (DESIGN §10): the window
+logic is pure (:mod:`kwatermark.windowing`), held per key in Spark's state store by a
+``transformWithStateInPandas`` processor and woken by Spark's event-time timers, which fire as
+Spark's watermark, fed from the ``watermark`` column, passes them.
+
+>>> from kwatermark.windows import aggregate, tumbling           # doctest: +SKIP
+>>> events = (spark.readStream.format("kwatermark")
+...           .option("kafka.bootstrap.servers", "localhost:9092")
+...           .option("subscribe", "events")
+...           .option("watermark.heartbeat", "true")         # the last windows come out
+...           .load())
+>>> counts = aggregate(events, tumbling("10 seconds"), by=["key"],
+...                    aggs={"n": ("count", None)})
+>>> counts.writeStream.outputMode("append").format("console").start()
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.stateful_processor import (
+    ExpiredTimerInfo,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    ByteType,
+    DataType,
+    DecimalType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from kwatermark.errors import OptionError
+from kwatermark.options import parse_duration_ms
+from kwatermark.windowing import (
+    NO_WATERMARK,
+    Agg,
+    Assigner,
+    Emission,
+    KeyWindows,
+    Rows,
+    Session,
+    Sliding,
+    Tumbling,
+    WindowError,
+    WindowSpec,
+)
+
+log = logging.getLogger("kwatermark.windows")
+
+__all__ = ["WindowError", "aggregate", "session", "sliding", "tumbling"]
+
+PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+# Spark renames pandas columns whose names start with "__": plain, unlikely names instead.
+_TIME, _MARK, _CLOCK, _ALL = ("kwatermark_time", "kwatermark_watermark", "kwatermark_clock",
+                              "kwatermark_all")
+_INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
+
+
+def tumbling(size: str, offset: str = "0 seconds") -> Tumbling:
+    """Fixed windows: ``tumbling("10 seconds")``."""
+    return Tumbling(parse_duration_ms("tumbling size", size),
+                    parse_duration_ms("tumbling offset", offset))
+
+
+def sliding(size: str, slide: str) -> Sliding:
+    """Overlapping windows: ``sliding("1 minute", "10 seconds")`` (size a multiple of slide)."""
+    return Sliding(parse_duration_ms("sliding size", size),
+                   parse_duration_ms("sliding slide", slide))
+
+
+def session(gap: str) -> Session:
+    """Per-key sessions closed by ``gap`` of silence: ``session("30 seconds")``."""
+    return Session(parse_duration_ms("session gap", gap))
+
+
+def aggregate(df: DataFrame, windows: Assigner, by: Sequence[str] = (),
+              aggs: Mapping[str, tuple[str, str | None]] | None = None,
+              allowed_lateness: str = "0 seconds", time_column: str = "event_time"
+              ) -> DataFrame:
+    """Windowed aggregates of a ``format("kwatermark")`` stream, complete by the per-partition
+    watermark; write the result in append mode.
+
+    Output: the ``by`` columns, ``window_start``, ``window_end``, one column per ``aggs``
+    entry (``count``, ``sum``, ``min``, ``max``, ``avg``, ``first``, ``last``) and ``kind``:
+    ``final`` (once per window, when the watermark completes it), ``update`` (the whole
+    aggregate again after a record within ``allowed_lateness``), ``late`` (the aggregate of
+    the records past the lateness alone; never silently dropped). See docs/windows.md.
+    """
+    if not isinstance(windows, (Tumbling, Sliding, Session)):
+        raise WindowError(f"windows must be tumbling(...), sliding(...) or session(...), got "
+                          f"{windows!r}")
+    aggs = {"count": ("count", None)} if aggs is None else dict(aggs)
+    spec = WindowSpec(windows, tuple(Agg(name, *_pair(name, fn)) for name, fn in aggs.items()),
+                      parse_duration_ms("allowed_lateness", allowed_lateness))
+    _check_stream(df, by, spec, time_column)
+    _prepare_session(df)
+    by = list(by)
+    inputs = sorted({a.column for a in spec.aggs if a.column is not None} - set(by))
+    keys = by or [_ALL]
+    prepared = df.select(
+        *[F.col(c) for c in by], *([F.lit(0).alias(_ALL)] if not by else []),
+        *[F.col(c) for c in inputs],
+        F.unix_millis(F.col(time_column)).alias(_TIME),
+        F.unix_millis(F.col("watermark")).alias(_MARK),
+        F.col("is_heartbeat"),
+        # Spark drops rows whose watermark column is at or below its own watermark, and its
+        # watermark is the previous batch's maximum: a row whose `watermark` equals it would
+        # be lost. One millisecond up, one millisecond of delay: Spark's watermark is exactly
+        # the highest row watermark seen, and no row of ours is ever below it.
+        F.timestamp_millis(F.coalesce(F.unix_millis(F.col("watermark")), F.lit(0)) + 1
+                           ).alias(_CLOCK))
+    output = _output_schema(df.schema, by, spec)
+    processor = WindowProcessor(spec, by, inputs, output)
+    return (prepared.withWatermark(_CLOCK, "1 millisecond")
+            .groupBy(*keys)
+            .transformWithStateInPandas(processor, output, "Append", "EventTime"))
+
+
+def _pair(name: str, fn: object) -> tuple[str, str | None]:
+    if not (isinstance(fn, tuple) and len(fn) == 2):
+        raise WindowError(f"aggs[{name!r}] must be (function, column), e.g. "
+                          f"('sum', 'amount') or ('count', None); got {fn!r}")
+    return str(fn[0]).lower(), fn[1]
+
+
+def _check_stream(df: DataFrame, by: Sequence[str], spec: WindowSpec, time_column: str
+                  ) -> None:
+    columns = set(df.columns)
+    if "is_heartbeat" not in columns or "watermark" not in columns:
+        raise OptionError(
+            "kwatermark.windows.aggregate needs a format('kwatermark') stream read with "
+            ".option('watermark.heartbeat', 'true') (it has no 'is_heartbeat' column): the "
+            "heartbeat micro-batches let the last windows come out without a new record")
+    if not df.isStreaming:
+        raise WindowError("kwatermark.windows.aggregate needs a streaming DataFrame "
+                          "(spark.readStream.format('kwatermark'))")
+    wanted = [*by, time_column, *(a.column for a in spec.aggs if a.column is not None)]
+    missing = [c for c in wanted if c not in columns]
+    if missing:
+        raise WindowError(f"aggregate: no column {missing[0]!r} in the stream; its columns are "
+                          f"{', '.join(df.columns)}")
+    if not isinstance(df.schema[time_column].dataType, TimestampType):
+        raise WindowError(f"aggregate: time_column {time_column!r} must be a timestamp, is "
+                          f"{df.schema[time_column].dataType.simpleString()}")
+    for agg in spec.aggs:
+        if agg.function in ("sum", "avg") and not _numeric(df.schema[agg.column].dataType):
+            raise WindowError(f"aggregation {agg.name!r}: {agg.function} needs a numeric "
+                              f"column, {agg.column!r} is "
+                              f"{df.schema[agg.column].dataType.simpleString()}")
+
+
+def _numeric(dtype: DataType) -> bool:
+    return isinstance(dtype, (*_INTEGRAL, DecimalType, DoubleType)) or \
+        dtype.typeName() == "float"
+
+
+def _prepare_session(df: DataFrame) -> None:
+    """transformWithState needs protobuf in the Python workers and the RocksDB state store."""
+    try:
+        import google.protobuf  # noqa: F401
+    except ImportError:
+        raise WindowError("kwatermark.windows needs the 'protobuf' package (Spark's "
+                          "transformWithState talks to its state store with it): "
+                          "pip install protobuf") from None
+    conf = df.sparkSession.conf
+    provider = conf.get(PROVIDER, None)
+    if provider is None or provider.endswith("HDFSBackedStateStoreProvider"):
+        # Only new checkpoints take it: a restarted query keeps the provider it started with.
+        conf.set(PROVIDER, ROCKSDB)
+        log.info("set %s=%s (Spark's transformWithState needs it)", PROVIDER, ROCKSDB)
+    elif provider != ROCKSDB:
+        raise WindowError(f"kwatermark.windows needs {PROVIDER}={ROCKSDB} "
+                          f"(transformWithState supports only RocksDB); it is {provider}")
+
+
+def _output_schema(schema: StructType, by: Sequence[str], spec: WindowSpec) -> StructType:
+    fields = [StructField(c, schema[c].dataType, True) for c in by]
+    fields += [StructField("window_start", TimestampType(), True),
+               StructField("window_end", TimestampType(), True)]
+    for agg in spec.aggs:
+        source = None if agg.column is None else schema[agg.column].dataType
+        fields.append(StructField(agg.name, _result_type(agg.function, source), True))
+    fields.append(StructField("kind", StringType(), False))
+    return StructType(fields)
+
+
+def _result_type(function: str, source: DataType | None) -> DataType:
+    if function == "count":
+        return LongType()
+    if function == "avg":
+        return DoubleType()
+    if function == "sum":
+        if isinstance(source, _INTEGRAL):
+            return LongType()
+        if isinstance(source, DecimalType):
+            return DecimalType(min(38, source.precision + 10), source.scale)
+        return DoubleType()
+    return source
+
+
+class WindowProcessor(StatefulProcessor):
+    """The thin shell: per key, a pickled :class:`KeyWindows` in one value state, and an
+    event-time timer at every watermark at which it has something to emit or forget."""
+
+    def __init__(self, spec: WindowSpec, by: list[str], inputs: list[str], output: StructType):
+        self.spec = spec
+        self.by = by
+        self.inputs = inputs
+        self.output = output
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.state = handle.getValueState(
+            "windows", StructType([StructField("slots", BinaryType(), True)]))
+
+    def handleInputRows(self, key: tuple, rows: Iterator[pd.DataFrame],
+                        timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+        frames = [f for f in rows if len(f)]
+        batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else \
+            (frames[0] if frames else None)
+        if batch is not None:
+            batch = batch[batch["is_heartbeat"] != True]  # noqa: E712 - null-safe on purpose
+        if batch is None or batch.empty:
+            return
+        windows = self._load()
+        emissions = windows.apply(self.spec, _rows(batch, self.inputs),
+                                  timerValues.getCurrentWatermarkInMs())
+        self._save(windows)
+        if emissions:
+            yield self._frame(key, emissions)
+
+    def handleExpiredTimer(self, key: tuple, timerValues: TimerValues,
+                           expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
+        windows = self._load()
+        emissions = windows.fire(self.spec, timerValues.getCurrentWatermarkInMs())
+        self._save(windows)
+        if emissions:
+            yield self._frame(key, emissions)
+
+    def close(self) -> None:
+        pass
+
+    def _load(self) -> KeyWindows:
+        stored = self.state.get() if self.state.exists() else None
+        windows = KeyWindows(pickle.loads(stored[0])) if stored else KeyWindows()
+        self._marks = windows.wake_ups(self.spec)
+        return windows
+
+    def _save(self, windows: KeyWindows) -> None:
+        if not windows.slots:
+            self.state.clear()
+            return
+        self.state.update((pickle.dumps(windows.slots, protocol=5),))
+        # Spark fires an event-time timer once its watermark is above the timer's time.
+        for mark in sorted(windows.wake_ups(self.spec) - self._marks):
+            self.handle.registerTimer(mark - 1)
+
+    def _frame(self, key: tuple, emissions: list[Emission]) -> pd.DataFrame:
+        data: dict[str, list] = {c: [key[i]] * len(emissions) for i, c in enumerate(self.by)}
+        data["window_start"] = _instants([e.start for e in emissions])
+        data["window_end"] = _instants([e.end for e in emissions])
+        for i, agg in enumerate(self.spec.aggs):
+            data[agg.name] = [e.values[i] for e in emissions]
+        data["kind"] = [e.kind for e in emissions]
+        return pd.DataFrame(data, columns=self.output.fieldNames())
+
+
+def _rows(batch: pd.DataFrame, inputs: list[str]) -> Rows:
+    def millis(column: str) -> np.ndarray:
+        return batch[column].fillna(NO_WATERMARK).to_numpy(dtype=np.int64)
+
+    return Rows(millis(_TIME), millis(_MARK), {c: batch[c].to_numpy() for c in inputs})
+
+
+def _instants(ms: list[int | None]) -> pd.Series:
+    return pd.to_datetime(pd.Series(ms, dtype="float64"), unit="ms", utc=True)
