@@ -239,7 +239,7 @@ class WindowProcessor(StatefulProcessor):
         batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else \
             (frames[0] if frames else None)
         if batch is not None:
-            batch = batch[batch["is_heartbeat"] != True]  # noqa: E712 - null-safe on purpose
+            batch = batch[batch["is_heartbeat"] != True]  # null-safe: a null flag is a record
         if batch is None or batch.empty:
             return
         windows = self._load()
