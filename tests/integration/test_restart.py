@@ -67,12 +67,14 @@ class KillableQuery:
                         "watermark.stateLocation": str(tmp_path / "ledger")}
         self.runs = 0
 
-    def start(self, trigger: str, kill_in_batch: int | None = None) -> subprocess.Popen:
+    def start(self, trigger: str, kill_in_batch: int | None = None,
+              windows: str | None = None) -> subprocess.Popen:
         self.runs += 1
         spec = self.tmp / f"spec-{self.runs}.json"
         spec.write_text(json.dumps({"out": str(self.out), "checkpoint": str(self.checkpoint),
                                     "options": self.options, "trigger": trigger,
-                                    "kill_in_batch": kill_in_batch}))
+                                    "kill_in_batch": kill_in_batch,
+                                    "windows": windows}))
         self.log = self.tmp / f"run-{self.runs}.log"
         root = Path(__file__).resolve().parents[2]
         env = dict(os.environ, TZ="UTC", PYSPARK_PYTHON=sys.executable,

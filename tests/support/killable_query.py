@@ -4,6 +4,9 @@
 the spec describes and writes every micro-batch to ``<out>/batch-<id>.json`` (replacing the
 file atomically, so a replayed batch overwrites its earlier attempt: batch-id keyed output).
 
+``windows`` = "10 seconds" runs ``kwatermark.windows.aggregate`` (tumbling counts per key)
+over the stream and writes its window rows instead.
+
 ``kill_in_batch`` = K makes the first attempt of batch K write its rows to
 ``<out>/attempt-<K>.json`` and then SIGKILL its whole process group (this interpreter and
 Spark's JVM with its Python workers) before the batch is committed. Tests kill "between
@@ -18,6 +21,11 @@ import signal
 import sys
 
 from tests.support.streams import epoch_ms
+
+
+def _window_rows(frame) -> list[list]:
+    return sorted([r["key"].decode(), epoch_ms(r["window_start"]), epoch_ms(r["window_end"]),
+                   r["count"], r["kind"]] for r in frame.collect())
 
 
 def _rows(frame) -> list[list]:
@@ -43,11 +51,14 @@ def main(spec_path: str) -> None:
     spark = (SparkSession.builder.master("local[2]").appName("kwatermark-killable")
              .config("spark.ui.enabled", "false")
              .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.sql.shuffle.partitions", "2")   # state stores of the windows
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
 
+    windows = spec.get("windows")
+
     def sink(frame, batch_id: int) -> None:
-        rows = _rows(frame)
+        rows = _window_rows(frame) if windows else _rows(frame)
         attempt = os.path.join(out, f"attempt-{batch_id}.json")
         if batch_id == kill_in_batch and not os.path.exists(attempt):
             _write(attempt, rows)
@@ -57,7 +68,12 @@ def main(spec_path: str) -> None:
     reader = spark.readStream.format("kwatermark")
     for key, value in spec["options"].items():
         reader = reader.option(key, value)
-    writer = (reader.load().writeStream.foreachBatch(sink)
+    stream = reader.load()
+    if windows:  # kwatermark.windows over the stream: tumbling counts per key
+        from kwatermark.windows import aggregate, tumbling
+
+        stream = aggregate(stream, tumbling(windows), by=["key"])
+    writer = (stream.writeStream.foreachBatch(sink)
               .option("checkpointLocation", spec["checkpoint"]))
     if spec["trigger"] == "availableNow":
         writer = writer.trigger(availableNow=True)
