@@ -3,6 +3,7 @@ final / update / late decision of one key's windows, without Spark."""
 
 from __future__ import annotations
 
+import doctest
 import math
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kwatermark import windowing
 from kwatermark.windowing import (
     FINAL,
     LATE,
@@ -38,6 +40,10 @@ def windows_of(assigner, times) -> list[list[int]]:
 
 def kinds(emissions: list[Emission]) -> list[tuple]:
     return [(e.kind, e.start, e.end, e.values) for e in emissions]
+
+
+def test_the_module_example_runs():
+    assert doctest.testmod(windowing).failed == 0
 
 
 # -- assigners --------------------------------------------------------------------------------
