@@ -97,6 +97,19 @@ class ProgressLedger:
             out.write(json.dumps(record.to_json(), sort_keys=True).encode())
         fs.move(temporary, path)
 
+    def offer(self, task: RangeTask, fingerprint: dict, record: ProgressRecord) -> bool:
+        """``publish`` from an executor: a record that cannot be written (a location this host
+        cannot reach) is recomputed by the driver, so it never fails the task."""
+        try:
+            self.publish(task, fingerprint, record)
+            return True
+        except (OSError, OptionError) as exc:
+            log.warning("cannot write the progress record of topic %s partition %s offsets "
+                        "[%d, %d) to watermark.stateLocation=%s (%s); the driver will "
+                        "recompute it", task.topic, task.partition, task.start, task.end,
+                        self.location, exc)
+            return False
+
     def lookup(self, task: RangeTask, fingerprint: dict) -> ProgressRecord | None:
         fs, _ = self._filesystem()
         path = self._path(task, fingerprint)

@@ -152,7 +152,7 @@ def _read(options: SourceOptions, layout: OutputLayout, decoders: Decoders, plan
         return
     reader = RangeReader(options, layout, decoders, partition.task)
     yield from reader
-    planner.ledger.publish(partition.task, planner.fingerprint, reader.progress)
+    planner.ledger.offer(partition.task, planner.fingerprint, reader.progress)
 
 
 class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -149,3 +149,16 @@ def test_file_uri_location(tmp_path):
     ledger.publish(task(), FINGERPRINT, RECORD)
     assert ledger.lookup(task(), FINGERPRINT) == RECORD
     assert record_files(tmp_path / "uri")
+
+
+def test_an_executor_that_cannot_write_its_record_warns_and_does_not_fail(tmp_path, caplog):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the ledger's directory should be")
+    ledger = ProgressLedger(str(blocker / "ledger"))
+    with caplog.at_level("WARNING", logger="kwatermark.ledger"):
+        assert ledger.offer(task(), FINGERPRINT, RECORD) is False
+    assert "watermark.stateLocation" in caplog.text and "topic events partition 0" in caplog.text
+    assert ledger.lookup(task(), FINGERPRINT) is None   # the driver will recompute it
+    writable = ProgressLedger(str(tmp_path / "ledger"))
+    assert writable.offer(task(), FINGERPRINT, RECORD) is True
+    assert writable.lookup(task(), FINGERPRINT) == RECORD
