@@ -60,7 +60,8 @@ class BatchPlanner:
         self.layout = layout
         self.decoders = decoders
         self.metadata = KafkaMetadata(options)
-        self.ledger = ProgressLedger(options.state_location)
+        self.ledger = ProgressLedger(options.state_location,
+                                     default=options.state_location_is_default)
         self.fingerprint = options.watermark.fingerprint()
         self._policy = None
         self._folded: dict[str, tuple[dict[TopicPartition, PartitionState], int]] = {}
