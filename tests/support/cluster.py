@@ -1,4 +1,4 @@
-"""A Spark standalone cluster on loopback, and a kwatermark query driven against it.
+"""A Spark standalone cluster on loopback, and kwatermark queries driven against it.
 
 ``StandaloneCluster`` starts a master and workers from the pip-installed pyspark
 (``$SPARK_HOME/bin/spark-class``). Each worker runs in a private mount namespace where a
@@ -7,12 +7,14 @@ directory of its own, so its executors do not share the driver's temp directory,
 real cluster. Every daemon runs in a process group of its own (its executors and their
 Python workers included), killed by ``stop()``; logs stay in ``root`` for failure messages.
 
-``python -m tests.support.cluster SPEC.json`` is the driver: it connects to the spec's
-master, runs the stream and writes every micro-batch to ``<out>/batch-<id>.json``
-(batch-id keyed: a replayed batch overwrites its earlier attempt). ``pause_before_batch`` =
-K makes batch K's sink write ``<out>/paused-K`` and wait for ``<out>/resume`` before it
-reads its rows, so a test can act between batches. The query's exception, if any, goes to
-``<out>/error.txt``; the duration of every batch to ``<out>/progress.json``.
+``python -m tests.support.cluster SPEC.json`` is the driver (a process of its own: the test
+session's SparkContext is a local one). It connects to the spec's master and runs the spec's
+queries one after the other, each with ``Trigger.AvailableNow``, each writing every
+micro-batch to ``<out>/<name>/batch-<id>.json`` (batch-id keyed: a replayed batch overwrites
+its earlier attempt). ``pause_before_batch`` = K makes batch K's sink write ``paused-K`` and
+wait for ``resume`` (in the query's directory) before it reads its rows, so a test can act
+between batches. When a query ends, ``done.json`` holds its exception (or null) and the
+duration of every batch. One driver for every query: executors start once.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ class StandaloneCluster:
         self.processes.append(process)
         return process
 
-    def start(self, timeout_s: float = 90) -> StandaloneCluster:
+    def start(self) -> StandaloneCluster:
+        """Spawns the daemons; ``wait_ready`` waits for the workers to register."""
         spark_class = os.path.join(spark_home(), "bin", "spark-class")
         self._spawn("master", [spark_class, "org.apache.spark.deploy.master.Master",
                                "--host", "127.0.0.1", "--port", str(self.port),
@@ -101,6 +104,9 @@ class StandaloneCluster:
                                                   "private", "sh", "-c", script],
                                   self._env(tmp))
             self.worker_pids.append(process.pid)
+        return self
+
+    def wait_ready(self, timeout_s: float = 90) -> None:
         deadline = time.monotonic() + timeout_s
         while self.alive_workers() < self.workers:
             for process in self.processes:
@@ -108,8 +114,7 @@ class StandaloneCluster:
                     raise AssertionError(f"a cluster daemon exited:\n{self.log_tails()}")
             if time.monotonic() > deadline:
                 raise AssertionError(f"the workers never registered:\n{self.log_tails()}")
-            time.sleep(0.5)
-        return self
+            time.sleep(0.2)
 
     def alive_workers(self) -> int:
         try:
@@ -149,23 +154,25 @@ class StandaloneCluster:
             process.wait(30)
 
 
-class ClusterQuery:
-    """Runs ``python -m tests.support.cluster`` as the driver, in a process group of its own."""
 
-    def __init__(self, root: Path, master: str, options: dict):
+
+class ClusterDriver:
+    """Runs ``python -m tests.support.cluster`` in a process group of its own."""
+
+    def __init__(self, root: Path, master: str, queries: list[dict]):
         self.root = root
         self.master = master
-        self.options = options
+        self.queries = queries
         self.out = root / "out"
-        self.out.mkdir(parents=True)
+        for query in queries:
+            (self.out / query["name"]).mkdir(parents=True)
         self.log = root / "driver.log"
 
-    def start(self, pause_before_batch: int | None = None) -> subprocess.Popen:
+    def start(self) -> ClusterDriver:
         spec = self.root / "spec.json"
         spec.write_text(json.dumps({"master": self.master, "out": str(self.out),
-                                    "checkpoint": str(self.root / "checkpoint"),
-                                    "options": self.options,
-                                    "pause_before_batch": pause_before_batch}))
+                                    "checkpoints": str(self.root / "checkpoints"),
+                                    "queries": self.queries}))
         repo = Path(__file__).resolve().parents[2]
         env = dict(os.environ, TZ="UTC", PYSPARK_PYTHON=sys.executable,
                    PYSPARK_DRIVER_PYTHON=sys.executable)
@@ -173,47 +180,51 @@ class ClusterQuery:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "tests.support.cluster", str(spec)], cwd=repo,
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        return self.process
+        return self
 
-    def wait_for(self, path: Path, timeout_s: float, cluster: StandaloneCluster) -> None:
+    def path(self, query: str, name: str) -> Path:
+        return self.out / query / name
+
+    def wait_for(self, path: Path, cluster: StandaloneCluster, timeout_s: float = 150) -> None:
         deadline = time.monotonic() + timeout_s
         while not path.exists():
-            if self.process.poll() is not None:
+            if self.process.poll() is not None and not path.exists():
                 raise AssertionError(f"the driver exited ({self.process.returncode}) before "
-                                     f"{path.name}:\n{self.failure(cluster)}")
+                                     f"{path}:\n{self.failure(cluster)}")
             if time.monotonic() > deadline:
-                self.kill()
-                raise AssertionError(f"no {path.name} in {timeout_s} s:\n"
+                raise AssertionError(f"no {path} in {timeout_s} s:\n"
                                      f"{self.failure(cluster)}")
             time.sleep(0.1)
 
-    def wait(self, cluster: StandaloneCluster, timeout_s: float = 120) -> int:
-        try:
-            return self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"the driver hung:\n{self.failure(cluster)}") from None
+    def done(self, query: str, cluster: StandaloneCluster) -> dict:
+        """Waits for the query to end: its exception text (or None) and batch durations."""
+        self.wait_for(self.path(query, "done.json"), cluster)
+        return json.loads(self.path(query, "done.json").read_text())
 
-    def kill(self) -> None:
+    def stop(self) -> None:
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.process.wait(30)
 
-    def driver_output(self) -> str:
+    def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def section(self, query: str) -> str:
+        """The driver's output while ``query`` ran."""
+        text = self.output()
+        start = text.find(f"kwatermark-test: query {query} starts")
+        end = text.find(f"kwatermark-test: query {query} ended")
+        assert start >= 0, text[-3000:]
+        return text[start:] if end < 0 else text[start:end]
 
     def failure(self, cluster: StandaloneCluster) -> str:
         return f"{_tail(self.log, 6000)}\n{cluster.log_tails()}"
 
-    def batches(self) -> dict[int, list[list]]:
+    def batches(self, query: str) -> dict[int, list[list]]:
         return {int(p.stem.split("-")[1]): json.loads(p.read_text())
-                for p in self.out.glob("batch-*.json")}
-
-    def error(self) -> str | None:
-        path = self.out / "error.txt"
-        return path.read_text() if path.exists() else None
+                for p in (self.out / query).glob("batch-*.json")}
 
 
 def rows(frame) -> list[list]:
@@ -227,32 +238,20 @@ def rows(frame) -> list[list]:
                    ms(r["watermark"])] for r in collected)
 
 
+def durations(query) -> list[dict]:
+    """Each batch's ``durationMs`` (addBatch, triggerExecution, ...) from Spark's progress."""
+    return [dict(p["durationMs"]) for p in query.recentProgress]
+
+
 def _write(path: str, payload) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump(payload, f)
     os.replace(path + ".tmp", path)
 
 
-def main(spec_path: str) -> None:
-    with open(spec_path) as f:
-        spec = json.load(f)
-    out = spec["out"]
-    pause = spec.get("pause_before_batch")
-
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master(spec["master"]).appName("kwatermark-cluster-test")
-             .config("spark.executor.cores", "1")
-             .config("spark.cores.max", "2")
-             .config("spark.executor.memory", "512m")
-             .config("spark.driver.memory", "512m")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.sql.session.timeZone", "UTC")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+def _run(spark, spec: dict, query_spec: dict) -> None:
+    out = os.path.join(spec["out"], query_spec["name"])
+    pause = query_spec.get("pause_before_batch")
 
     def sink(frame, batch_id: int) -> None:
         if batch_id == pause:
@@ -265,25 +264,49 @@ def main(spec_path: str) -> None:
         _write(os.path.join(out, f"batch-{batch_id}.json"), rows(frame))
 
     reader = spark.readStream.format("kwatermark")
-    for key, value in spec["options"].items():
+    for key, value in query_spec["options"].items():
         reader = reader.option(key, value)
+    print(f"kwatermark-test: query {query_spec['name']} starts", flush=True)
+    started = time.time()
     query = (reader.load().writeStream.foreachBatch(sink)
-             .option("checkpointLocation", spec["checkpoint"])
+             .option("checkpointLocation",
+                     os.path.join(spec["checkpoints"], query_spec["name"]))
              .trigger(availableNow=True).start())
     failed = None
     try:
         query.awaitTermination()
-    except Exception as exc:  # noqa: BLE001 - reported to the test through error.txt
+    except Exception as exc:  # noqa: BLE001 - reported to the test in done.json
         failed = exc
-    failed = failed or query.exception()
-    _write(os.path.join(out, "progress.json"),
-           [{"batchId": p["batchId"], "durationMs": p["durationMs"]}
-            for p in query.recentProgress])
-    if failed is not None:
-        with open(os.path.join(out, "error.txt"), "w") as f:
-            f.write(f"{type(failed).__name__}: {failed}")
-        spark.stop()
-        raise SystemExit(3)
+    print(f"kwatermark-test: query {query_spec['name']} ended after "
+          f"{time.time() - started:.1f} s", flush=True)
+    _write(os.path.join(out, "done.json"), {
+        "error": None if failed is None else f"{type(failed).__name__}: {failed}",
+        "seconds": time.time() - started, "durations": durations(query)})
+
+
+def main(spec_path: str) -> None:
+    launched = time.time()
+    with open(spec_path) as f:
+        spec = json.load(f)
+
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master(spec["master"]).appName("kwatermark-cluster-test")
+             .config("spark.executor.cores", "1")
+             .config("spark.cores.max", "2")
+             .config("spark.executor.memory", "512m")
+             .config("spark.driver.memory", "512m")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.sql.session.timeZone", "UTC")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    print(f"kwatermark-test: session up after {time.time() - launched:.1f} s", flush=True)
+    for query_spec in spec["queries"]:
+        _run(spark, spec, query_spec)
     spark.stop()
 
 
