@@ -11,9 +11,9 @@ Python workers included), killed by ``stop()``; logs stay in ``root`` for failur
 session's SparkContext is a local one). It connects to the spec's master and runs the spec's
 queries one after the other, each with ``Trigger.AvailableNow``, each writing every
 micro-batch to ``<out>/<name>/batch-<id>.json`` (batch-id keyed: a replayed batch overwrites
-its earlier attempt). ``pause_before_batch`` = K makes batch K's sink write ``paused-K`` and
-wait for ``resume`` (in the query's directory) before it reads its rows, so a test can act
-between batches. When a query ends, ``done.json`` holds its exception (or null) and the
+its earlier attempt; ``count_only`` writes the row count instead). ``pause_before_batch`` =
+K makes batch K's sink write ``paused-K`` and wait for ``resume`` (in the query's
+directory) before it reads its rows, so a test can act between batches. When a query ends, ``done.json`` holds its exception (or null) and the
 duration of every batch. One driver for every query: executors start once.
 """
 
@@ -266,7 +266,8 @@ def _run(spark, spec: dict, query_spec: dict) -> None:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the test never resumed the query")
                 time.sleep(0.05)
-        _write(os.path.join(out, f"batch-{batch_id}.json"), rows(frame))
+        _write(os.path.join(out, f"batch-{batch_id}.json"),
+               [[frame.count()]] if query_spec.get("count_only") else rows(frame))
 
     reader = spark.readStream.format("kwatermark")
     for key, value in query_spec["options"].items():
