@@ -20,7 +20,9 @@ from __future__ import annotations
 import os
 import re
 import signal
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -151,6 +153,13 @@ def test_shared_location_exactly_once_local_watermarks_executor_killed(run):
     assert sorted(driver.batches("shared")) == [0, 1]
     executors = cluster.executors()
     assert executors, driver.failure(cluster)
+    # The executors really do not share the driver's temp directory.
+    for pid in executors:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert f"TMPDIR={tempfile.gettempdir()}".encode() not in environ
+        mounts = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+        assert any(line.split()[4] == default_state_location() and "tmpfs" in line
+                   for line in mounts), mounts
     os.kill(executors[0], signal.SIGKILL)
     deadline = time.monotonic() + 30
     while os.path.exists(f"/proc/{executors[0]}") and time.monotonic() < deadline:
