@@ -17,7 +17,7 @@ class WindowCounts(StatefulProcessor):
         for frame in rows:
             # Heartbeat rows carry only a watermark: they move Spark's clock, nothing else.
             # Filter them here, not before groupBy: Spark pushes a filter below withWatermark.
-            frame = frame[(frame["is_heartbeat"] != True) & frame["t"].notna()]  # noqa: E712
+            frame = frame[(frame["is_heartbeat"] != True) & frame["t"].notna()]
             for t, w in zip(frame["t"].astype("int64"), frame["w"]):
                 start = t - t % SIZE
                 if pd.notna(w) and start + SIZE - 1 <= w:   # completed before it came
