@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import gc
 import io
 from pathlib import Path
 
@@ -34,6 +35,9 @@ def docs(spark):
     namespace: dict = {}
     run_example("setup", namespace)
     yield namespace
+    for client in ("producer", "admin"):    # no reconnect attempts to a stopped broker
+        namespace.pop(client, None)
+    gc.collect()
     namespace["broker"].stop()
 
 
