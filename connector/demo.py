@@ -208,13 +208,13 @@ def _print_side_by_side(records, spark_rows, kw_rows, dropped: int) -> None:
     total_produced, total_spark, total_kw = (sum(c.values()) for c in (complete, spark, kw))
     print(f"{'total':>18}  {total_produced:>8}  {total_spark:>8}  {total_kw:>10}")
     print(f"\nSpark counted {total_spark} of {total_produced} records and dropped "
-          f"{total_produced - total_spark}: its watermark, the highest event time of all "
-          f"partitions minus 10 s, was past them when they came\n  (its "
-          f"numRowsDroppedByWatermark says {dropped}: it counts rows after Spark's partial "
-          f"aggregation, not records); {exact['spark']} of {len(complete)} (key, window) "
-          f"counts are right.")
+          f"{total_produced - total_spark}: when they came, its watermark (the highest\n"
+          f"  event time of all partitions minus 10 s) had passed the end of their window. Its "
+          f"numRowsDroppedByWatermark\n  says {dropped}: it counts rows after Spark's partial "
+          f"aggregation, not records. {exact['spark']} of {len(complete)} (key, window) counts "
+          f"are right.")
     print(f"kwatermark counted {total_kw} of {total_produced} records: partition 2 holds the "
-          f"combined watermark back, none of its records is late; {exact['kw']} of "
+          f"combined watermark back and none\n  of its records is late. {exact['kw']} of "
           f"{len(complete)} (key, window) counts are right, each out once, as final.")
 
 

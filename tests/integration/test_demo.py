@@ -36,13 +36,13 @@ def read_back(bootstrap: str, topic: str) -> list[tuple[int, int]]:
 def test_demo_prints_sparks_losses_and_kwatermarks_complete_counts_side_by_side(broker):
     run = subprocess.run(
         [sys.executable, "-m", "kwatermark.demo", "--bootstrap-servers",
-         broker.bootstrap_servers, "--records", "80", "--lag", "20", "--batch", "45"],
+         broker.bootstrap_servers, "--records", "100", "--lag", "40", "--batch", "60"],
         check=False, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     out = run.stdout
     topic = re.search(r"^topic (\S+):", out, re.MULTILINE).group(1)
     records = read_back(broker.bootstrap_servers, topic)
-    assert len(records) == 3 * 80 + 3
+    assert len(records) == 3 * 100 + 3
 
     highest = collections.defaultdict(int)
     for p, t in records:
