@@ -98,7 +98,7 @@ def _run(bootstrap: str, per_partition: int, lag_ms: int, batch: int) -> int:
     records = demo_records(per_partition, lag_ms)
     produce(bootstrap, topic, records)
     print(f"topic {topic}: {len(records)} records, {per_partition} per partition every 500 ms "
-          f"of event time, partition 2 {lag_ms / 1000:g} s behind, and one record per "
+          f"of event time,\npartition 2 {lag_ms / 1000:g} s behind, and one record per "
           f"partition at {_s(records[-1][1])} that closes the last windows")
 
     spark = (SparkSession.builder.master("local[2]").appName("kwatermark-demo")
@@ -156,7 +156,7 @@ def _print_batches(query, rows: dict[int, list], options: dict) -> None:
 
     config = parse_options(options).watermark
     print("\nkwatermark.windows, per micro-batch: records read, and each partition's watermark "
-          "and the combined one (their minimum) when the batch started")
+          "and the\ncombined one (their minimum) when the batch started")
     print(f"{'batch':>5}  {'read p0/p1/p2':>13}" + "".join(f"{f'p{p}':>12}" for p in range(PARTITIONS))
           + f"  {'combined':>11}  windows out")
     for progress in query.recentProgress:
@@ -196,7 +196,7 @@ def _print_side_by_side(records, spark_rows, kw_rows, dropped: int) -> None:
     spark, kw = counted(spark_rows), counted(kw_rows)
     starts = sorted({start for _, start in complete})
     print(f"\n10-second windows, records counted (all {KEYS} keys together; each window is "
-          f"complete: the final watermark is {_s(final)})")
+          f"complete:\nthe final watermark is {_s(final)})")
     print(f"{'window':>18}  {'produced':>8}  {'Spark':>8}  {'kwatermark':>10}")
     for start in starts:
         def total(counts, start=start):
@@ -209,10 +209,10 @@ def _print_side_by_side(records, spark_rows, kw_rows, dropped: int) -> None:
     print(f"{'total':>18}  {total_produced:>8}  {total_spark:>8}  {total_kw:>10}")
     print(f"\nSpark counted {total_spark} of {total_produced} records and dropped "
           f"{total_produced - total_spark}: when they came, its watermark (the highest\n"
-          f"  event time of all partitions minus 10 s) had passed the end of their window. Its "
-          f"numRowsDroppedByWatermark\n  says {dropped}: it counts rows after Spark's partial "
-          f"aggregation, not records. {exact['spark']} of {len(complete)} (key, window) counts "
-          f"are right.")
+          f"  event time of all partitions minus 10 s) had passed the end of their window. Its\n"
+          f"  numRowsDroppedByWatermark says {dropped}: it counts rows after Spark's partial "
+          f"aggregation, not\n  records. {exact['spark']} of {len(complete)} (key, window) "
+          f"counts are right.")
     print(f"kwatermark counted {total_kw} of {total_produced} records: partition 2 holds the "
           f"combined watermark back and none\n  of its records is late. {exact['kw']} of "
           f"{len(complete)} (key, window) counts are right, each out once, as final.")
