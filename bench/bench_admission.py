@@ -24,7 +24,7 @@ report gives medians. Figures go to ``bench/results/admission.json``.
 
     .venv/bin/python bench/bench_admission.py                      # the full run
     .venv/bin/python bench/bench_admission.py --records 100000 --lagging-records 3600 \\
-        --lag-seconds 8 --limit 20000 --rounds 1 --results /tmp/bench   # a quick trial
+        --lag-seconds 60 --limit 10000 --rounds 1 --results /tmp/bench   # a quick trial
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="backlog records, there before the query starts")
     parser.add_argument("--lagging-records", type=int, default=36_000,
                         help="records of the lagging partition, produced during the run")
-    parser.add_argument("--lag-seconds", type=float, default=30.0,
+    parser.add_argument("--lag-seconds", type=float, default=150.0,
                         help="wall time over which the lagging partition is produced")
     parser.add_argument("--limit", type=int, default=100_000, help="maxOffsetsPerTrigger")
     parser.add_argument("--max-drift", default="1 minute",
