@@ -38,12 +38,11 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH_DIR)
 
-import common  # noqa: E402  (bench/ is not a package)
+import common
 
 HOUR_MS = 3_600_000
 WINDOW = "1 minute"
