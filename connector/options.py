@@ -257,6 +257,7 @@ class SourceOptions:
     heartbeat: bool = False            # watermark.heartbeat: watermark-only batches (§10)
     alignment_max_drift_ms: int | None = None  # watermark.alignment.maxDrift (§11); None = off
     state_location: str = ""
+    state_location_is_default: bool = False   # unset: the driver's temp directory
     serde_options: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # secrets
     key_format: str = "binary"
     value_format: str = "binary"
@@ -520,6 +521,7 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> S
         heartbeat=_parse_bool("watermark.heartbeat", opts.get("watermark.heartbeat", "false")),
         alignment_max_drift_ms=max_drift,
         state_location=state_location,
+        state_location_is_default=not opts.get("watermark.stateLocation"),
         serde_options=tuple(sorted((k, v) for k, v in opts.items()
                                    if k.lower().startswith(("key.", "value.")))),
         key_format=key_format,
