@@ -179,3 +179,15 @@ def test_a_silent_partition_never_stalls_an_aligned_stream(tmp_path, policy):
     result, _ = run(planner, records, 50)
     assert result.plans[-1][0][1] == 300
     assert not any(held for plan in result.plans for _, _, held in plan.values())
+
+
+def test_alignment_applies_without_a_read_limit(tmp_path):
+    records = [[HOUR + 1_000 * i for i in range(100)], [1_000 * (i + 1) for i in range(50)]]
+    planner, broker = planner_for(records, str(tmp_path),
+                                  **{"watermark.alignment.maxDrift": "1 minute"})
+    broker.ends = {(TOPIC, 0): 1, (TOPIC, 1): 1}       # one record each: both defined
+    result, offset = run(planner, records, None, batches=1)
+    broker.ends = {(TOPIC, 0): 100, (TOPIC, 1): 50}
+    result, _ = run(planner, records, None, offset=offset, batches=2, run=result)
+    assert result.plans[1] == {0: (1, 1, True), 1: (1, 50, False)}   # p0 an hour ahead: held
+    assert result.plans[2] == {0: (1, 100, False), 1: (50, 50, False)}  # p1 drained: free
