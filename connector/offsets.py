@@ -45,11 +45,15 @@ class PartitionState:
     advanced_ms: int | None = None     # floor set by an idle policy's "advance"
     last_read_ms: int = 0              # processing time its records were last planned
     idle: str = "count"                # decision in force: "count", "exclude", "advance"
+    held: bool = False                 # watermark alignment paused it this batch (§11)
 
     def to_json(self) -> dict:
-        return {"gen": self.generator, "maxEvent": self.max_event_ms,
+        data = {"gen": self.generator, "maxEvent": self.max_event_ms,
                 "advanced": self.advanced_ms, "lastRead": self.last_read_ms,
                 "idle": self.idle}
+        if self.held:
+            data["held"] = True   # written only when true: older offsets have no such key
+        return data
 
     @classmethod
     def from_json(cls, where: str, data: object) -> PartitionState:
@@ -58,12 +62,17 @@ class PartitionState:
         idle = data.get("idle", "count")
         if idle not in ("count", "exclude", "advance"):
             raise OffsetFormatError(f"offset: {where}: unknown idle decision {idle!r}")
+        held = data.get("held", False)
+        if not isinstance(held, bool):
+            raise OffsetFormatError(f"offset: {where}: held must be true or false, got "
+                                    f"{held!r}")
         return cls(
             generator=data.get("gen"),
             max_event_ms=_optional_int(where, "maxEvent", data.get("maxEvent")),
             advanced_ms=_optional_int(where, "advanced", data.get("advanced")),
             last_read_ms=_optional_int(where, "lastRead", data.get("lastRead")) or 0,
             idle=idle,
+            held=held,
         )
 
 
@@ -140,20 +149,45 @@ def _optional_int(where: str, name: str, value: object) -> int | None:
 
 
 def rate_limit(begins: dict[TopicPartition, int], ends: dict[TopicPartition, int],
-               max_rows: int) -> dict[TopicPartition, int]:
-    """Split ``max_rows`` across partitions in proportion to their lag, never exceeding it.
+               max_rows: int, priority: dict[TopicPartition, int] | None = None
+               ) -> dict[TopicPartition, int]:
+    """Spend ``max_rows`` so that no partition with unread records is starved and the
+    partitions holding the combined watermark are served first (DESIGN §11).
 
-    Shares are floored, and the rows left over go to the largest remainders (ties: larger
-    lag, then topic/partition order). Unlike Spark, which rounds small shares up to 1 and can
-    overshoot the limit, the total here never exceeds ``max_rows``.
+    Every partition with unread records gets one record; the rest of the budget goes to the
+    partitions in ``priority`` order (lower first: the planner passes each partition's
+    watermark, so an undefined one, ``UNDEFINED``, comes first). Partitions of equal priority
+    share what reaches them in proportion to their lag (:func:`proportional`); with no
+    ``priority`` that is every partition, as in Spark. The total exceeds ``max_rows`` only when
+    more partitions have unread records than ``max_rows``, and then by less than their number.
     """
     lags = {tp: ends[tp] - begins[tp] for tp in ends if ends[tp] > begins[tp]}
-    total = sum(lags.values())
-    if total <= max_rows:
+    if sum(lags.values()) <= max_rows:
         return dict(ends)
-    shares = {tp: max_rows * lag / total for tp, lag in lags.items()}
+    taken = dict.fromkeys(lags, 1)
+    budget = max_rows - len(lags)
+    rank = priority or {}
+    for level in sorted({rank.get(tp, 0) for tp in lags}):
+        if budget <= 0:
+            break
+        rest = {tp: lag - 1 for tp, lag in lags.items() if rank.get(tp, 0) == level}
+        share = proportional(rest, min(budget, sum(rest.values())))
+        for tp, n in share.items():
+            taken[tp] += n
+        budget -= sum(share.values())
+    return {tp: begins[tp] + taken[tp] if tp in taken else ends[tp] for tp in ends}
+
+
+def proportional(lags: dict[TopicPartition, int], rows: int) -> dict[TopicPartition, int]:
+    """Split ``rows`` (at most the total lag) in proportion to lag, exactly: shares are
+    floored and the rows left over go to the largest remainders (ties: larger lag, then
+    topic/partition order)."""
+    total = sum(lags.values())
+    if total == 0 or rows <= 0:
+        return dict.fromkeys(lags, 0)
+    shares = {tp: rows * lag / total for tp, lag in lags.items()}
     taken = {tp: min(lags[tp], math.floor(share)) for tp, share in shares.items()}
-    left = max_rows - sum(taken.values())
+    left = rows - sum(taken.values())
     by_remainder = sorted(lags, key=lambda tp: (-(shares[tp] - taken[tp]), -lags[tp], tp))
     for tp in by_remainder:
         if left <= 0:
@@ -161,7 +195,25 @@ def rate_limit(begins: dict[TopicPartition, int], ends: dict[TopicPartition, int
         if taken[tp] < lags[tp]:
             taken[tp] += 1
             left -= 1
-    return {tp: begins[tp] + taken[tp] if tp in taken else ends[tp] for tp in ends}
+    return taken
+
+
+def held_by_alignment(watermarks: dict[TopicPartition, int], unread: dict[TopicPartition, int],
+                      counted: dict[TopicPartition, bool], max_drift_ms: int
+                      ) -> set[TopicPartition]:
+    """Watermark alignment (DESIGN §11): the counted partitions with unread records whose
+    watermark is more than ``max_drift_ms`` above the *alignment floor*, the lowest watermark
+    of a counted partition that has unread records.
+
+    A partition with nothing unread is not part of the floor, so a silent partition never holds
+    the others back; the partition at the floor is never held, so some partition always reads.
+    ``watermarks`` use ``UNDEFINED`` for an undefined one, which is the lowest.
+    """
+    active = [tp for tp, n in unread.items() if n > 0 and counted.get(tp, True)]
+    if not active:
+        return set()
+    floor = min(watermarks[tp] for tp in active)
+    return {tp for tp in active if watermarks[tp] - floor > max_drift_ms}
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ SPARK_KAFKA_OPTIONS = (
 KWATERMARK_OPTIONS = (
     "eventTime.field", "eventTime.assigner",
     "watermark.strategy", "watermark.maxOutOfOrderness", "watermark.punctuation",
-    "watermark.stateLocation", "watermark.heartbeat",
+    "watermark.stateLocation", "watermark.heartbeat", "watermark.alignment.maxDrift",
     "idle.policy", "idle.timeout", "idle.maxDelay",
     "lateRecords", "allowedLateness",
     "key.format", "value.format", "key.onError", "value.onError",
@@ -255,6 +255,7 @@ class SourceOptions:
     late_records: str = "keep"
     allowed_lateness_ms: int = 0
     heartbeat: bool = False            # watermark.heartbeat: watermark-only batches (§10)
+    alignment_max_drift_ms: int | None = None  # watermark.alignment.maxDrift (§11); None = off
     state_location: str = ""
     state_location_is_default: bool = False   # unset: the driver's temp directory
     serde_options: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # secrets
@@ -378,6 +379,24 @@ def _kafka_conf(opts: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(conf))
 
 
+def _alignment(opts: Mapping[str, str], strategy: str, streaming: bool | None) -> int | None:
+    """``watermark.alignment.maxDrift``: a duration, unset = off (DESIGN §11)."""
+    name = "watermark.alignment.maxDrift"
+    if name not in opts:
+        return None
+    if not opts[name].strip():
+        raise OptionError(f"option {name}: empty; give a duration such as '5 minutes', or "
+                          f"leave the option unset to turn alignment off")
+    drift = parse_duration_ms(name, opts[name])
+    if strategy == "none":
+        raise OptionError(f"option {name} needs event-time watermarks, but watermark.strategy "
+                          f"is 'none'; choose a strategy or leave {name} unset")
+    if streaming is False:
+        raise OptionError(f"option {name} applies to streaming queries only; a batch read "
+                          f"(spark.read) reads the whole range in one batch")
+    return drift
+
+
 def default_state_location() -> str:
     return os.path.join(tempfile.gettempdir(), "kwatermark-ledger")
 
@@ -466,6 +485,7 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> S
                           "apply to batch queries only (spark.read), as in Spark")
 
     state_location = opts.get("watermark.stateLocation") or default_state_location()
+    max_drift = _alignment(opts, strategy, streaming)
     return SourceOptions(
         bootstrap_servers=servers,
         kafka_conf=kafka_conf,
@@ -499,6 +519,7 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> S
         allowed_lateness_ms=parse_duration_ms("allowedLateness",
                                               opts.get("allowedLateness", "0")),
         heartbeat=_parse_bool("watermark.heartbeat", opts.get("watermark.heartbeat", "false")),
+        alignment_max_drift_ms=max_drift,
         state_location=state_location,
         state_location_is_default=not opts.get("watermark.stateLocation"),
         serde_options=tuple(sorted((k, v) for k, v in opts.items()

@@ -19,6 +19,7 @@ from kwatermark.offsets import (
     PartitionState,
     RangeTask,
     TopicPartition,
+    held_by_alignment,
     plan_splits,
     rate_limit,
 )
@@ -153,20 +154,20 @@ class BatchPlanner:
         if self._target is not None:
             ends = {tp: min(end, self._target.get(tp, begins[tp])) for tp, end in ends.items()}
             ends = {tp: max(end, begins[tp]) for tp, end in ends.items()}
-        if limits.max_rows is not None:
-            ends = rate_limit(begins, ends, limits.max_rows)
+        now = now_ms()
+        ends, held = self._admit(begins, ends, states, limits, now)
         available = sum(ends[tp] - begins[tp] for tp in ends)
         if available == 0 and not self.options.heartbeat:
             return None
-        now = now_ms()
         if available and self._held_back(limits, available, now):
             return None
         partitions = {}
         for tp in sorted(ends):
             base = states.get(tp) or PartitionState(last_read_ms=now)
-            planned = ends[tp] > begins[tp]
-            state = self._decide(tp, replace(base, last_read_ms=now if planned
-                                             else base.last_read_ms),
+            # A held partition is paused on purpose, not idle: it counts as read.
+            read = ends[tp] > begins[tp] or tp in held
+            state = self._decide(tp, replace(base, last_read_ms=now if read
+                                             else base.last_read_ms, held=tp in held),
                                  unread=latest[tp] - begins[tp], now=now)
             partitions[tp] = PartitionRange(begins[tp], ends[tp], state)
         counted = [self.partition_watermark(r.state) for r in partitions.values()
@@ -192,6 +193,43 @@ class BatchPlanner:
             log.info("new partitions %s are read from their earliest offsets", new)
             begins.update(self.metadata.earliest_offsets(new))
         return begins
+
+    def _admit(self, begins: dict[TopicPartition, int], ends: dict[TopicPartition, int],
+               states: dict[TopicPartition, PartitionState], limits: ReadLimits, now: int
+               ) -> tuple[dict[TopicPartition, int], set[TopicPartition]]:
+        """What each partition may read this trigger (DESIGN §11): watermark alignment pauses
+        the partitions too far ahead, then the read limit serves the lowest watermarks
+        first without starving anyone. Returns the ends and the paused partitions."""
+        marks, counted = {}, {}
+        for tp in ends:
+            state = states.get(tp) or PartitionState(last_read_ms=now)
+            marks[tp] = self.partition_watermark(state)
+            counted[tp] = state.idle != idle.EXCLUDE
+        held: set[TopicPartition] = set()
+        drift = self.options.alignment_max_drift_ms
+        if drift is not None:
+            readable = {tp: ends[tp] - begins[tp] for tp in ends}
+            held = held_by_alignment(marks, readable, counted, drift)
+            if held:
+                self._log_held(held, marks, readable, counted)
+                ends = {tp: begins[tp] if tp in held else end for tp, end in ends.items()}
+        if limits.max_rows is not None:
+            # Excluded partitions hold nothing: after every counted one.
+            priority = {tp: marks[tp] if counted[tp] else NO_PARTITIONS for tp in ends}
+            ends = rate_limit(begins, ends, limits.max_rows, priority)
+        return ends, held
+
+    def _log_held(self, held: set[TopicPartition], marks: dict[TopicPartition, int],
+                  readable: dict[TopicPartition, int], counted: dict[TopicPartition, bool]
+                  ) -> None:
+        floor = min(marks[tp] for tp in readable if readable[tp] > 0 and counted[tp])
+        log.info(
+            "watermark alignment (watermark.alignment.maxDrift=%d ms): holding %s, more than "
+            "maxDrift above the alignment floor %s; they read nothing this trigger",
+            self.options.alignment_max_drift_ms,
+            ", ".join(f"topic {t} partition {p} (watermark {to_optional(marks[(t, p)])}, "
+                      f"{readable[(t, p)]} unread)" for t, p in sorted(held)),
+            to_optional(floor))
 
     def _held_back(self, limits: ReadLimits, available: int, now: int) -> bool:
         """``minOffsetsPerTrigger``: wait for more records, at most ``maxTriggerDelay``."""
