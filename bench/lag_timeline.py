@@ -29,8 +29,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.support.kafka import Record, TestBroker, TopicWriter  # noqa: E402
-from tests.support.streams import kwatermark_stream  # noqa: E402
+from tests.support.kafka import Record, TestBroker, TopicWriter
+from tests.support.streams import kwatermark_stream
 
 
 def now_ms() -> int:
