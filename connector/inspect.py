@@ -157,7 +157,8 @@ def format_table(frame) -> str:
             lambda v: "-" if pd.isna(v) else f"{v / 1000:.3f} s")
     shown = shown.rename(columns={"partition_watermark": "partition_wm",
                                   "processing_watermark": "processing_wm"})
-    return shown.fillna("-").to_string(index=False)
+    shown = shown.astype(object)
+    return shown.where(shown.notna(), "-").to_string(index=False)
 
 
 def plot(frame, path: str, title: str | None = None) -> None:
