@@ -1,11 +1,13 @@
 """Print an ASCII timeline of the four built-in idle policies on one real run.
 
     .venv/bin/python bench/idle_timeline.py [--bootstrap-servers HOST:PORT]
+                                            [--plot docs/idle-timeline.png]
 
 Scenario (two partitions): both speak at first; then partition 1 falls silent while
 partition 0 keeps producing, one micro-batch every ~1.5 s; idle.timeout = 1 second,
 idle.maxDelay = 20 seconds for `advance`. Output: the watermark each batch's rows carry, per
-policy, as event-time offsets from the scenario start. Used for docs/idle-policies.md.
+policy, as event-time offsets from the scenario start; with --plot, the same as a PNG. Used
+for docs/idle-policies.md.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap-servers")
     parser.add_argument("--batches", type=int, default=5)
+    parser.add_argument("--plot", metavar="FILE.png", help="also draw the timeline")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -76,7 +79,53 @@ def main() -> int:
         print(f"{n:>5} | " + " | ".join(f"{cell(*marks[p][n]):>12}" for p in POLICIES))
     print("\n(advance: once silent, partition 1's watermark follows processing time minus"
           "\n 20 s, which rises slower than partition 0's event times here)")
+    if args.plot:
+        plot(marks, args.batches, args.plot)
+        print(f"\nplot: {args.plot}")
     return 0
+
+
+def plot(marks: dict[str, list], batches: int, path: str) -> None:
+    """Each policy's watermark per batch, beside the two partitions' event times."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    x = list(range(batches))
+    ax.plot(x, [n * 10 for n in x], color="lightgrey", linewidth=8, solid_capstyle="round",
+            label="partition 0's event times", zorder=1)
+    ax.scatter([0], [2], s=120, color="darkgrey", marker="s", zorder=2,
+               label="partition 1's only record (then silent)")
+    styles = {"none": ("tab:red", "o", 0.0), "timeout": ("tab:blue", "s", 0.0),
+              "caught-up": ("tab:green", "^", 0.0), "advance": ("tab:purple", "D", 0.0)}
+    last = {}
+    for policy in POLICIES:
+        colour, marker, _ = styles[policy]
+        values = [None if v is None else (v - base) / 1000 for v, base in marks[policy]]
+        last[policy] = values[-1] if values[-1] is not None else 0.0
+        ax.plot(x, [float("nan") if v is None else v for v in values], marker=marker,
+                color=colour, linewidth=2.2 if policy != "caught-up" else 1.2,
+                linestyle="-" if policy != "caught-up" else "--", markersize=7,
+                label=f"idle.policy={policy}", zorder=3)
+    ax.set_xlabel("micro-batch (one every ~1.5 s of processing time; idle.timeout = 1 s)")
+    ax.set_ylabel("watermark on the batch's rows\n(s of event time after the first record)")
+    ax.set_xticks(x)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", fontsize=9)
+    ax.set_title("Idle policies on one real run: partition 1 falls silent after batch 0",
+                 loc="left")
+    ax.annotate("none: pinned by the silent partition", xy=(batches - 1, last["none"]), xytext=(-10, 12),
+                textcoords="offset points", ha="right", color="tab:red", fontsize=9)
+    ax.annotate("timeout / caught-up: follow partition 0", xy=(batches - 1, last["caught-up"]),
+                xytext=(-12, -4), textcoords="offset points", ha="right", va="top",
+                color="tab:green", fontsize=9)
+    ax.annotate("advance: now - idle.maxDelay (20 s)", xy=(batches - 1, last["advance"]),
+                xytext=(-10, -18),
+                textcoords="offset points", ha="right", color="tab:purple", fontsize=9)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
 
 
 if __name__ == "__main__":
