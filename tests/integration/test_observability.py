@@ -80,7 +80,7 @@ def test_timelag_watermark_is_planning_time_minus_the_lag_and_replays_identicall
 SIZE = 10_000
 
 
-def lagging_steps(steps: int = 3) -> list[list[Record]]:
+def lagging_steps(steps: int = 2) -> list[list[Record]]:
     return [[Record(p, T0 + s * SIZE + i * 1_000 - (30_000 if p == 2 else 0),
                     key=f"k{i % 3}".encode())
              for i in range(10) for p in range(3)] for s in range(steps)]
