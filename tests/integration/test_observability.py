@@ -206,3 +206,40 @@ def test_inspect_reads_a_real_checkpoint_and_matches_the_query_progress(
     failed = subprocess.run([sys.executable, "-m", "kwatermark.inspect", str(tmp_path)],
                             check=False, capture_output=True, text=True, timeout=120)
     assert failed.returncode == 2 and "no offsets/ directory" in failed.stderr
+
+
+def strip_observations(checkpoint: str) -> None:
+    """Rewrite the offset log as kwatermark 0.1 wrote it: no plannedAt, holder or lag."""
+    log_dir = os.path.join(checkpoint, "offsets")
+    for name in os.listdir(log_dir):
+        path = os.path.join(log_dir, name)
+        if not name.isdigit():
+            os.remove(path)        # Spark's checksum files; it does not require them
+            continue
+        with open(path) as handle:
+            lines = handle.read().splitlines()
+        offset = json.loads(lines[2])
+        offset.pop("plannedAt"), offset.pop("holder", None)
+        for entry in offset["partitions"].values():
+            entry.pop("lag")
+        with open(path, "w") as handle:
+            handle.write("\n".join(lines[:2] + [json.dumps(offset)]))
+
+
+def test_a_checkpoint_written_without_lag_fields_restarts_and_continues(
+        spark, broker, topic_factory, checkpoint):
+    writer = topic_factory(2)
+    frame = kwatermark_stream(spark, broker, writer.topic)
+    writer.send([Record(0, T0 + 5_000), Record(1, T0 + 3_000)])
+    run_available_now(frame, checkpoint)
+    strip_observations(checkpoint)
+    writer.send([Record(0, T0 + 6_000)])
+    after, _ = run_available_now(frame, checkpoint)
+    # The state carried on (partition 1 holds the minimum at 3000 - 1), and the new batch has
+    # its observations while the old one reads as empty.
+    assert [wm_ms(r) for r in after.rows] == [T0 + 2_999]
+    table = checkpoint_table(checkpoint)
+    old, new = table[table["batch"] == 0], table[table["batch"] == 1]
+    assert old["event_lag_ms"].isna().all() and old["holder"].isna().all()
+    assert list(new["holder"]) == [f"{writer.topic}:1"] * 2
+    assert new["event_lag_ms"].notna().all()
