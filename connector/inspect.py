@@ -164,6 +164,9 @@ def format_table(frame) -> str:
 def plot(frame, path: str, title: str | None = None) -> None:
     """Event-time lag and processing lag per partition over batches, with a strip naming
     the partition that holds the combined watermark in each batch (PNG at ``path``)."""
+    if frame.empty:
+        raise ValueError("kwatermark.inspect.plot: the table is empty (no kwatermark batch "
+                         "in the progress or checkpoint given)")
     import matplotlib
 
     matplotlib.use("Agg")

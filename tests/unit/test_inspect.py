@@ -101,3 +101,5 @@ def test_plot_writes_a_png(tmp_path):
     path = tmp_path / "lag.png"
     plot(checkpoint_table(checkpoint), str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="the table is empty"):
+        plot(progress_table([]), str(path))
