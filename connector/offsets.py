@@ -77,10 +77,44 @@ class PartitionState:
 
 
 @dataclass(frozen=True)
+class PartitionLag:
+    """What the driver saw of one partition when it planned the batch (DESIGN §13); for
+    observation only: no row depends on it. JSON ``"lag"`` beside ``"state"``, absent in
+    offsets written before kwatermark 0.2 (every field then reads as None).
+
+    ``processing_wm_ms`` is the processing-time watermark: the planning time of the last
+    batch after which the partition had no unread records (every record appended before
+    then has been read). The lags are ``planned - watermark`` and ``planned -
+    processing_wm_ms`` (None while the watermark it is measured from is undefined).
+    """
+
+    watermark_ms: int | None = None       # the partition's event-time watermark at "from"
+    processing_wm_ms: int | None = None
+    event_lag_ms: int | None = None
+    processing_lag_ms: int | None = None
+    unread: int | None = None             # records from "from" to the broker's end offset
+
+    def to_json(self) -> dict:
+        return {"wm": self.watermark_ms, "procWm": self.processing_wm_ms,
+                "eventLag": self.event_lag_ms, "procLag": self.processing_lag_ms,
+                "unread": self.unread}
+
+    @classmethod
+    def from_json(cls, where: str, data: object) -> PartitionLag | None:
+        if data is None:
+            return None
+        if not isinstance(data, dict):
+            raise OffsetFormatError(f"offset: {where}: lag must be an object, got {data!r}")
+        return cls(*(_optional_int(where, name, data.get(name))
+                     for name in ("wm", "procWm", "eventLag", "procLag", "unread")))
+
+
+@dataclass(frozen=True)
 class PartitionRange:
     start: int
     end: int
     state: PartitionState = field(default_factory=PartitionState)
+    lag: PartitionLag | None = None
 
 
 @dataclass(frozen=True)
@@ -89,18 +123,25 @@ class BatchOffset:
     partitions: dict[TopicPartition, PartitionRange]
     # A heartbeat batch reads no record: its one row carries `watermark` (DESIGN §10).
     heartbeat: bool = False
+    # Observation (DESIGN §13), optional for offsets of older versions: when the driver
+    # planned this batch, and which counted partition held the combined watermark then.
+    planned_ms: int | None = None
+    holder: TopicPartition | None = None
 
     def to_json(self) -> dict:
-        data = {
-            "v": OFFSET_VERSION,
-            "watermark": self.watermark,
-            "partitions": {
-                tp_key(tp): {"from": r.start, "to": r.end, "state": r.state.to_json()}
-                for tp, r in sorted(self.partitions.items())
-            },
-        }
+        partitions = {}
+        for tp, r in sorted(self.partitions.items()):
+            entry = {"from": r.start, "to": r.end, "state": r.state.to_json()}
+            if r.lag is not None:
+                entry["lag"] = r.lag.to_json()
+            partitions[tp_key(tp)] = entry
+        data = {"v": OFFSET_VERSION, "watermark": self.watermark, "partitions": partitions}
         if self.heartbeat:
             data["heartbeat"] = True
+        if self.planned_ms is not None:
+            data["plannedAt"] = self.planned_ms
+        if self.holder is not None:
+            data["holder"] = tp_key(self.holder)
         return data
 
     def dumps(self) -> str:
@@ -132,12 +173,16 @@ class BatchOffset:
             if start is None or end is None or start < 0 or end < start:
                 raise OffsetFormatError(f"offset: {key}: invalid range from={start} to={end}")
             partitions[tp] = PartitionRange(start, end, PartitionState.from_json(
-                key, entry.get("state", {})))
+                key, entry.get("state", {})), PartitionLag.from_json(key, entry.get("lag")))
         heartbeat = data.get("heartbeat", False)
         if not isinstance(heartbeat, bool):
             raise OffsetFormatError(f"offset: heartbeat must be true or false, got {heartbeat!r}")
+        holder = data.get("holder")
+        if holder is not None and not isinstance(holder, str):
+            raise OffsetFormatError(f"offset: holder must be 'topic:partition', got {holder!r}")
         return cls(_optional_int("offset", "watermark", data.get("watermark")), partitions,
-                   heartbeat)
+                   heartbeat, _optional_int("offset", "plannedAt", data.get("plannedAt")),
+                   parse_tp_key(holder) if holder is not None else None)
 
 
 def _optional_int(where: str, name: str, value: object) -> int | None:
@@ -229,7 +274,9 @@ class RangeTask:
     counted: bool
     previous_ms: int | None   # combined watermark at the batch start
     others_ms: int            # min over the other counted partitions (watermarks.UNDEFINED /
-    # NO_PARTITIONS sentinels included)
+    # NO_PARTITIONS sentinels included); with watermark.combine=percentile, the ceiling of
+    # watermarks.row_bounds
+    floor_ms: int | None = None   # percentile only: the floor of watermarks.row_bounds
 
     @property
     def tp(self) -> TopicPartition:

@@ -8,11 +8,13 @@ message naming the option. See docs/options.md.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from difflib import get_close_matches
 
 from kwatermark.errors import OptionError
@@ -31,6 +33,7 @@ SPARK_KAFKA_OPTIONS = (
 KWATERMARK_OPTIONS = (
     "eventTime.field", "eventTime.assigner",
     "watermark.strategy", "watermark.maxOutOfOrderness", "watermark.punctuation",
+    "watermark.maxTimeLag", "watermark.combine", "watermark.percentile",
     "watermark.stateLocation", "watermark.heartbeat", "watermark.alignment.maxDrift",
     "idle.policy", "idle.timeout", "idle.maxDelay",
     "lateRecords", "allowedLateness",
@@ -65,7 +68,8 @@ REJECTED_KAFKA_KEYS = {
 
 SECRET_MARKERS = ("password", "secret", "jaas", "user.info", "token", "credentials")
 
-STRATEGIES = ("monotonous", "bounded", "punctuated", "none")
+STRATEGIES = ("monotonous", "bounded", "punctuated", "timelag", "none")
+COMBINES = ("min", "percentile")
 IDLE_POLICIES = ("none", "timeout", "caught-up", "advance")
 LATE_MODES = ("keep", "flag", "drop")
 ON_ERROR_MODES = ("fail", "null")
@@ -148,6 +152,25 @@ def _parse_choice(option: str, text: str, choices: tuple[str, ...], plugin: bool
     raise OptionError(f"option {option}: unknown value {text!r}; accepted: {accepted}")
 
 
+def _parse_percentile(option: str, text: str) -> str:
+    """A percentile p in (0, 100], normalised (``"50.0"`` -> ``"50"``)."""
+    try:
+        value = Decimal(text.strip())
+    except InvalidOperation:
+        raise OptionError(f"option {option}: expected a number in (0, 100], e.g. '50' or "
+                          f"'99.5', got {text!r}") from None
+    if not value.is_finite() or not 0 < value <= 100:
+        raise OptionError(f"option {option}: must be in (0, 100] (100 is the minimum over "
+                          f"partitions, 50 the median), got {text!r}")
+    normal = value.normalize()
+    return f"{normal:f}"
+
+
+def percentile_rank(percentile: str, n: int) -> int:
+    """k = ceil(p * n / 100): the combined watermark is the k-th largest of n (DESIGN §13)."""
+    return max(1, math.ceil(Decimal(percentile) * n / 100)) if n else 0
+
+
 def _parse_json(option: str, text: str) -> object:
     try:
         return json.loads(text)
@@ -210,14 +233,24 @@ class WatermarkConfig:
     event_time_field: str | None = None
     event_time_assigner: str | None = None
     plugin_options: tuple[tuple[str, str], ...] = ()
+    max_time_lag_ms: int = 0           # watermark.maxTimeLag, for timelag (DESIGN §13)
+    # watermark.combine=percentile: the percentile as given, e.g. "50" or "99.5"; "100" is
+    # the minimum. Kept as text so ceil(p * n / 100) is exact (Decimal), not float-rounded.
+    percentile: str = "100"
 
     def fingerprint(self) -> dict:
         """What a partition's watermark state depends on (keys the progress ledger)."""
-        return {
+        data = {
             "strategy": self.strategy, "bound": self.max_out_of_orderness_ms,
             "punctuation": self.punctuation, "field": self.event_time_field,
             "assigner": self.event_time_assigner, "options": list(self.plugin_options),
         }
+        # Only when set, so the keys of records written before these options existed hold.
+        if self.strategy == "timelag":
+            data["timeLag"] = self.max_time_lag_ms
+        if self.percentile != "100":
+            data["percentile"] = self.percentile
+        return data
 
 
 @dataclass(frozen=True)
@@ -445,7 +478,26 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> S
     if field_path and value_format in ("binary", "string"):
         raise OptionError("option eventTime.field needs a structured value.format "
                           "(json, avro or avro-confluent)")
+    if strategy == "timelag" and "watermark.maxTimeLag" not in opts:
+        raise OptionError("option watermark.maxTimeLag is required when watermark.strategy "
+                          "is 'timelag' (how far the watermark trails processing time, e.g. "
+                          "'30 seconds')")
+    if "watermark.maxTimeLag" in opts and strategy != "timelag":
+        raise OptionError(f"option watermark.maxTimeLag applies to watermark.strategy="
+                          f"timelag only (the strategy is {strategy!r})")
+    combine = _parse_choice("watermark.combine", opts.get("watermark.combine", "min"),
+                            COMBINES)
+    if combine == "percentile" and "watermark.percentile" not in opts:
+        raise OptionError("option watermark.percentile is required when watermark.combine is "
+                          "'percentile' (a number in (0, 100], e.g. '50' for the median)")
+    if "watermark.percentile" in opts and combine != "percentile":
+        raise OptionError("option watermark.percentile applies to watermark.combine="
+                          "percentile only; set watermark.combine=percentile as well")
     watermark = WatermarkConfig(
+        max_time_lag_ms=parse_duration_ms("watermark.maxTimeLag",
+                                          opts.get("watermark.maxTimeLag", "0")),
+        percentile=(_parse_percentile("watermark.percentile", opts["watermark.percentile"])
+                    if combine == "percentile" else "100"),
         strategy=strategy,
         max_out_of_orderness_ms=parse_duration_ms(
             "watermark.maxOutOfOrderness", opts.get("watermark.maxOutOfOrderness", "0")),

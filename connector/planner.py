@@ -15,6 +15,7 @@ from kwatermark.errors import DataLossError, OptionError
 from kwatermark.ledger import ProgressLedger, ProgressRecord
 from kwatermark.offsets import (
     BatchOffset,
+    PartitionLag,
     PartitionRange,
     PartitionState,
     RangeTask,
@@ -33,8 +34,11 @@ from kwatermark.watermarks import (
     current_ms,
     emitted,
     from_optional,
+    holder,
     make_generator,
+    plan_generator,
     restore_generator,
+    row_bounds,
     to_optional,
 )
 
@@ -43,6 +47,39 @@ log = logging.getLogger("kwatermark.planner")
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def observe_lags(start: BatchOffset, partitions: dict[TopicPartition, PartitionRange],
+                 marks: dict[TopicPartition, int], latest: dict[TopicPartition, int], now: int
+                 ) -> dict[TopicPartition, PartitionRange]:
+    """Each partition's event-time and processing lag as the driver sees them at ``now``
+    (DESIGN §13), from the batch before (``start``) and the broker's end offsets.
+
+    The processing-time watermark moves to the planning time of the previous batch when that
+    batch planned everything the partition had then (it has run since: every record appended
+    before it was planned has been read), and to ``now`` when nothing is unread now.
+    """
+    observed = {}
+    for tp, r in partitions.items():
+        before = start.partitions.get(tp)
+        candidates = []
+        if before is not None and before.lag is not None:
+            candidates.append(before.lag.processing_wm_ms)
+            if (start.planned_ms is not None and before.lag.unread is not None
+                    and before.end - before.start == before.lag.unread):
+                candidates.append(start.planned_ms)
+        unread = max(0, latest.get(tp, r.start) - r.start)
+        if unread == 0:
+            candidates.append(now)
+        known = [c for c in candidates if c is not None]
+        processing_wm = max(known) if known else None
+        watermark = to_optional(marks[tp])
+        observed[tp] = replace(r, lag=PartitionLag(
+            watermark_ms=watermark, processing_wm_ms=processing_wm,
+            event_lag_ms=None if watermark is None else now - watermark,
+            processing_lag_ms=None if processing_wm is None else now - processing_wm,
+            unread=unread))
+    return observed
 
 
 @dataclass(frozen=True)
@@ -164,23 +201,38 @@ class BatchPlanner:
         partitions = {}
         for tp in sorted(ends):
             base = states.get(tp) or PartitionState(last_read_ms=now)
+            if available:
+                # Clock-driven generators (timelag) take the planning time into their state,
+                # hence into the offset: a replay sees the same time (DESIGN §13). The clock
+                # alone never plans a batch, so heartbeat batches do not tick it.
+                base = self._clocked(base, now)
             # A held partition is paused on purpose, not idle: it counts as read.
             read = ends[tp] > begins[tp] or tp in held
             state = self._decide(tp, replace(base, last_read_ms=now if read
                                              else base.last_read_ms, held=tp in held),
                                  unread=latest[tp] - begins[tp], now=now)
             partitions[tp] = PartitionRange(begins[tp], ends[tp], state)
-        counted = [self.partition_watermark(r.state) for r in partitions.values()
-                   if r.state.idle != idle.EXCLUDE]
+        marks = {tp: self.partition_watermark(r.state) for tp, r in partitions.items()}
+        counted = {tp: marks[tp] for tp, r in partitions.items() if r.state.idle != idle.EXCLUDE}
+        percentile = self.options.watermark.percentile
         previous = max(from_optional(start.watermark), emitted_max)
-        watermark = emitted(previous, combined_watermark(counted))
+        watermark = emitted(previous, combined_watermark(list(counted.values()), percentile))
+        partitions = observe_lags(start, partitions, marks, latest, now)
+        holds = holder(counted, percentile)
         if available == 0:
             # Nothing to read, but the watermark the last batch's rows carried is behind what
             # its records (or an idle decision since) reached: one batch carries it (§10).
-            return (BatchOffset(to_optional(watermark), partitions, heartbeat=True)
+            return (BatchOffset(to_optional(watermark), partitions, heartbeat=True,
+                                planned_ms=now, holder=holds)
                     if watermark > previous else None)
         self._last_trigger_ms = now
-        return BatchOffset(to_optional(watermark), partitions)
+        return BatchOffset(to_optional(watermark), partitions, planned_ms=now, holder=holds)
+
+    def _clocked(self, state: PartitionState, now: int) -> PartitionState:
+        generator = restore_generator(self.options.watermark, state.generator)
+        if not plan_generator(generator, now):
+            return state
+        return replace(state, generator=generator.snapshot())
 
     def _begins(self, start: BatchOffset, current: list[TopicPartition]
                 ) -> dict[TopicPartition, int]:
@@ -272,6 +324,9 @@ class BatchPlanner:
         marks = {tp: self.partition_watermark(r.state) for tp, r in offset.partitions.items()}
         counted = {tp: r.state.idle != idle.EXCLUDE for tp, r in offset.partitions.items()}
         lowest = sorted((marks[tp], tp) for tp in marks if counted[tp])[:2]
+        percentile = self.options.watermark.percentile
+        bounds = (row_bounds(marks, {tp for tp in marks if counted[tp]}, percentile)
+                  if percentile != "100" else None)
         splits = plan_splits({tp: (r.start, r.end) for tp, r in offset.partitions.items()},
                              self.options.min_partitions,
                              self.options.max_records_per_partition,
@@ -279,10 +334,14 @@ class BatchPlanner:
         tasks = []
         for tp, pieces in sorted(splits.items()):
             others = [m for m, owner in lowest if owner != tp][:1]
+            ceiling, floor = (others[0] if others else NO_PARTITIONS), None
+            if bounds is not None:
+                floor, ceiling = bounds[tp]
+                floor = to_optional(floor)
             for start, end in pieces:
                 tasks.append(RangeTask(
                     tp[0], tp[1], start, end, offset.partitions[tp].state, counted[tp],
-                    offset.watermark, others[0] if others else NO_PARTITIONS))
+                    offset.watermark, ceiling, floor))
         return tasks
 
     def fold(self, offset: BatchOffset) -> tuple[dict[TopicPartition, PartitionState], int]:

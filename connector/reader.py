@@ -229,7 +229,7 @@ class RangeReader:
         own_before = watermarks_before(self.generator, event_times, block)
         own_before = np.maximum(own_before, self.advanced)
         rows = row_watermarks(own_before, self.task.others_ms, self.previous,
-                              self.task.counted)
+                              self.task.counted, from_optional(self.task.floor_ms))
         self._account(event_times, rows, len(block))
         columns += [arrow.timestamps(event_times), arrow.timestamps(rows)]
         if self.layout.heartbeat:
