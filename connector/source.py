@@ -35,13 +35,15 @@ from kwatermark.errors import OptionError
 from kwatermark.offsets import BatchOffset, RangeTask
 from kwatermark.options import SourceOptions, parse_options
 from kwatermark.planner import BatchPlanner, ReadLimits
-from kwatermark.reader import Decoders, RangeReader
+from kwatermark.reader import Decoders, PackReader, RangeReader
 
 
 class RangePartition(InputPartition):
-    def __init__(self, task: RangeTask):
-        super().__init__(task)
-        self.task = task
+    """One Spark task: one or more ranges read by one consumer (packing, DESIGN §12)."""
+
+    def __init__(self, tasks: tuple[RangeTask, ...]):
+        super().__init__(tasks)
+        self.tasks = tasks
 
 
 class HeartbeatPartition(InputPartition):
@@ -150,9 +152,16 @@ def _read(options: SourceOptions, layout: OutputLayout, decoders: Decoders, plan
     if isinstance(partition, HeartbeatPartition):
         yield heartbeat_batch(layout, partition.watermark_ms)
         return
-    reader = RangeReader(options, layout, decoders, partition.task)
-    yield from reader
-    planner.ledger.publish(partition.task, planner.fingerprint, reader.progress)
+    if len(partition.tasks) == 1:
+        task = partition.tasks[0]
+        reader = RangeReader(options, layout, decoders, task)
+        yield from reader
+        planner.ledger.publish(task, planner.fingerprint, reader.progress)
+        return
+    pack = PackReader(options, layout, decoders, list(partition.tasks))
+    yield from pack
+    for task, progress in pack.progress:
+        planner.ledger.publish(task, planner.fingerprint, progress)
 
 
 class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -192,7 +201,7 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         offset = BatchOffset.from_json(end)
         if offset.heartbeat:
             return [HeartbeatPartition(offset.watermark)]
-        return [RangePartition(task) for task in self.planner.tasks(offset)]
+        return [RangePartition(tasks) for tasks in self.planner.packed_tasks(offset)]
 
     def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, self.layout, self.decoders, self.planner, partition)
@@ -212,7 +221,8 @@ class KWatermarkBatchReader(DataSourceReader):
         self.planner = BatchPlanner(options, layout, decoders)
 
     def partitions(self) -> list[RangePartition]:
-        return [RangePartition(task) for task in self.planner.tasks(self.planner.batch_offset())]
+        offset = self.planner.batch_offset()
+        return [RangePartition(tasks) for tasks in self.planner.packed_tasks(offset)]
 
     def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, self.layout, self.decoders, self.planner, partition)
