@@ -487,10 +487,15 @@ class PackReader:
             pending.position = pending.end
         return covered
 
-    @staticmethod
-    def _trip_faults(lanes: dict[tuple[str, int], list[_Pending]]) -> None:
+    def _trip_faults(self, lanes: dict[tuple[str, int], list[_Pending]]) -> None:
+        """Tests only: a pack's first attempt fails once, mid-range, like a task's."""
         for lane in lanes.values():
             for pending in lane:
                 if pending.fault is not None and pending.position > pending.fault:
-                    pending.fault = None
+                    directory = os.environ[FAULT_ENV]
+                    for other in self.readers:
+                        task = other.task
+                        with open(os.path.join(directory, f"{task.topic}-{task.partition}-"
+                                                          f"{task.start}"), "w"):
+                            pass
                     _trip_fault(pending.reader.task)
