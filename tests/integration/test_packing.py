@@ -66,7 +66,7 @@ def run(spark, broker, topic: str, checkpoint: str, ledger: str, **options) -> B
     frame = kwatermark_stream(spark, broker, topic, watermark__strategy="bounded",
                               watermark__maxOutOfOrderness="15 milliseconds",
                               watermark__stateLocation=ledger,
-                              maxOffsetsPerTrigger=PARTITIONS * PER_PARTITION // 3, **options)
+                              maxOffsetsPerTrigger=PARTITIONS * PER_PARTITION // 2, **options)
     frame = frame.withColumn("spark_task", F.spark_partition_id())
     batches, _ = run_available_now(frame, checkpoint)
     return batches
@@ -86,7 +86,7 @@ def test_packed_tasks_give_the_rows_and_watermarks_of_one_task_per_range(
                  for r in batch] for batch in batches.batches()]
 
     assert seen(packed) == seen(alone)
-    assert len(packed.batches()) >= 3
+    assert len(packed.batches()) >= 2
     assert sorted((p, o) for batch in seen(packed) for p, o, *_ in batch) == sorted(
         (p, o) for p in range(PARTITIONS) for o in range(PER_PARTITION))
     # Later batches carry watermarks: the comparison is not between nulls.
