@@ -39,11 +39,16 @@ from kwatermark.reader import Decoders, PackReader, RangeReader
 
 
 class RangePartition(InputPartition):
-    """One Spark task: one or more ranges read by one consumer (packing, DESIGN §12)."""
+    """One Spark task: one or more ranges read by one consumer (packing, DESIGN §12). A
+    streaming task publishes its progress records (a batch read has no next batch to plan);
+    ``ledger_mark`` is the driver's mark in the default progress location."""
 
-    def __init__(self, tasks: tuple[RangeTask, ...]):
+    def __init__(self, tasks: tuple[RangeTask, ...], publish: bool = False,
+                 ledger_mark: str | None = None):
         super().__init__(tasks)
         self.tasks = tasks
+        self.publish = publish
+        self.ledger_mark = ledger_mark
 
 
 class HeartbeatPartition(InputPartition):
@@ -152,16 +157,19 @@ def _read(options: SourceOptions, layout: OutputLayout, decoders: Decoders, plan
     if isinstance(partition, HeartbeatPartition):
         yield heartbeat_batch(layout, partition.watermark_ms)
         return
+    if partition.publish:
+        planner.ledger.require_shared(partition.ledger_mark)
     if len(partition.tasks) == 1:
-        task = partition.tasks[0]
-        reader = RangeReader(options, layout, decoders, task)
+        reader = RangeReader(options, layout, decoders, partition.tasks[0])
         yield from reader
-        planner.ledger.publish(task, planner.fingerprint, reader.progress)
-        return
-    pack = PackReader(options, layout, decoders, list(partition.tasks))
-    yield from pack
-    for task, progress in pack.progress:
-        planner.ledger.publish(task, planner.fingerprint, progress)
+        progress = [(partition.tasks[0], reader.progress)]
+    else:
+        pack = PackReader(options, layout, decoders, list(partition.tasks))
+        yield from pack
+        progress = pack.progress
+    if partition.publish:
+        for task, record in progress:
+            planner.ledger.offer(task, planner.fingerprint, record)
 
 
 class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -201,7 +209,8 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         offset = BatchOffset.from_json(end)
         if offset.heartbeat:
             return [HeartbeatPartition(offset.watermark)]
-        return [RangePartition(tasks) for tasks in self.planner.packed_tasks(offset)]
+        mark = self.planner.ledger.driver_mark()
+        return [RangePartition(tasks, True, mark) for tasks in self.planner.packed_tasks(offset)]
 
     def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, self.layout, self.decoders, self.planner, partition)
