@@ -39,7 +39,7 @@ KWATERMARK_OPTIONS = (
 )
 # Spark pays ~30 ms per Python task: below this many records a range shares its task with
 # others (bench/README.md, "many partitions").
-DEFAULT_MIN_RECORDS_PER_PARTITION = 10_000
+DEFAULT_MIN_RECORDS_PER_PARTITION = 20_000
 # Serde options are open-ended (schemas, registry auth); they are validated by kwatermark.serde.
 SERDE_PREFIXES = ("key.avro.", "value.avro.", "key.json.", "value.json.",
                   "key.schema.registry.", "value.schema.registry.")
