@@ -321,3 +321,38 @@ def with_state(offset: BatchOffset, tp: TopicPartition, **changes) -> BatchOffse
     current = partitions[tp]
     partitions[tp] = replace(current, state=replace(current.state, **changes))
     return replace(offset, partitions=partitions)
+
+
+def pack_tasks(tasks: list[RangeTask], min_records: int | None, min_partitions: int | None,
+               max_records: int | None) -> list[tuple[RangeTask, ...]]:
+    """Group consecutive ranges into Spark tasks of at least ``min_records`` records.
+
+    Spark pays a fixed cost per Python task (~30 ms here, DESIGN §12), so many small ranges
+    are cheaper read by one task. The ranges themselves are untouched: each keeps its own
+    start state, rows and progress record, so packing changes only which Spark task reads
+    what. Deterministic in ``tasks`` (a replayed batch packs the same way). A pack is closed
+    once it holds ``min_records``; it never grows past ``maxRecordsPerPartition`` nor past
+    an even share of the batch among ``minPartitions`` tasks, and there are never fewer
+    packs than ``min(minPartitions, len(tasks))``. ``min_records`` of None or 1 packs nothing.
+    """
+    if not min_records or min_records <= 1 or len(tasks) <= 1:
+        return [(task,) for task in tasks]
+    wanted = min(min_partitions or 1, len(tasks))
+    cap = max_records or math.inf
+    if wanted > 1:
+        total = sum(t.end - t.start for t in tasks)
+        cap = min(cap, math.ceil(total / wanted))
+    packs: list[list[RangeTask]] = []
+    filled = 0
+    for placed, task in enumerate(tasks):
+        size = task.end - task.start
+        left = len(tasks) - placed   # this one included
+        joinable = (packs and filled < min_records and filled + size <= cap
+                    and len(packs) + left - 1 >= wanted)
+        if joinable:
+            packs[-1].append(task)
+            filled += size
+        else:
+            packs.append([task])
+            filled = size
+    return [tuple(pack) for pack in packs]

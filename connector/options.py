@@ -38,8 +38,11 @@ KWATERMARK_OPTIONS = (
     "idle.policy", "idle.timeout", "idle.maxDelay",
     "lateRecords", "allowedLateness",
     "key.format", "value.format", "key.onError", "value.onError",
-    "arrow.maxRecordsPerBatch",
+    "arrow.maxRecordsPerBatch", "minRecordsPerPartition",
 )
+# Spark pays ~30 ms per Python task: below this many records a range shares its task with
+# others (bench/README.md, "many partitions").
+DEFAULT_MIN_RECORDS_PER_PARTITION = 20_000
 # Serde options are open-ended (schemas, registry auth); they are validated by kwatermark.serde.
 SERDE_PREFIXES = ("key.avro.", "value.avro.", "key.json.", "value.json.",
                   "key.schema.registry.", "value.schema.registry.")
@@ -277,6 +280,8 @@ class SourceOptions:
     max_trigger_delay_ms: int = 15 * 60_000
     min_partitions: int | None = None
     max_records_per_partition: int | None = None
+    # Ranges smaller than this share a Spark task (DESIGN §12); 1 = one task per range.
+    min_records_per_partition: int = DEFAULT_MIN_RECORDS_PER_PARTITION
     include_headers: bool = False
     poll_timeout_ms: int = 120_000
     fetch_offset_retries: int = 3
@@ -556,6 +561,9 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> S
                                                opts.get("maxTriggerDelay", "15m")),
         min_partitions=optional_int("minPartitions", 1),
         max_records_per_partition=optional_int("maxRecordsPerPartition", 1),
+        min_records_per_partition=_parse_int(
+            "minRecordsPerPartition",
+            opts.get("minRecordsPerPartition", str(DEFAULT_MIN_RECORDS_PER_PARTITION)), 1),
         include_headers=_parse_bool("includeHeaders", opts.get("includeHeaders", "false")),
         poll_timeout_ms=_parse_int("kafkaConsumer.pollTimeoutMs",
                                    opts.get("kafkaConsumer.pollTimeoutMs", "120000"), 1),

@@ -21,6 +21,7 @@ from kwatermark.offsets import (
     RangeTask,
     TopicPartition,
     held_by_alignment,
+    pack_tasks,
     plan_splits,
     rate_limit,
 )
@@ -343,6 +344,13 @@ class BatchPlanner:
                     tp[0], tp[1], start, end, offset.partitions[tp].state, counted[tp],
                     offset.watermark, ceiling, floor))
         return tasks
+
+    def packed_tasks(self, offset: BatchOffset) -> list[tuple[RangeTask, ...]]:
+        """The ranges of ``tasks(offset)`` grouped into Spark tasks (``minRecordsPerPartition``,
+        DESIGN §12). Packing changes which task reads a range, never the range's rows or
+        progress record, so ``fold`` works on ``tasks`` alone."""
+        return pack_tasks(self.tasks(offset), self.options.min_records_per_partition,
+                          self.options.min_partitions, self.options.max_records_per_partition)
 
     def fold(self, offset: BatchOffset) -> tuple[dict[TopicPartition, PartitionState], int]:
         """Each partition's state at ``to`` of the batch ending at ``offset``, and the highest
