@@ -134,7 +134,11 @@ def aggregate(df: DataFrame, windows: Assigner, by: Sequence[str] = (),
                            ).alias(_CLOCK))
     output = _output_schema(df.schema, by, spec)
     processor = WindowProcessor(spec, by, inputs, output)
+    # The clock only feeds Spark's watermark: projected away above it, so the Python workers
+    # do not convert a timestamp per row (TWS in pandas builds each key's frame row by row).
+    # A projection, unlike a filter, cannot move below the watermark node.
     return (prepared.withWatermark(_CLOCK, "1 millisecond")
+            .drop(_CLOCK)
             .groupBy(*keys)
             .transformWithStateInPandas(processor, output, "Append", "EventTime"))
 
