@@ -20,6 +20,7 @@ Spark's watermark, fed from the ``watermark`` column, passes them.
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -74,6 +75,8 @@ ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvi
 _TIME, _MARK, _CLOCK, _ALL = ("kwatermark_time", "kwatermark_watermark", "kwatermark_clock",
                               "kwatermark_all")
 _INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
+# A directory: each task's processor writes a cProfile there (bench/bench_windows.py --profile).
+PROFILE_ENV = "KWATERMARK_WINDOWS_PROFILE"
 
 
 def tumbling(size: str, offset: str = "0 seconds") -> Tumbling:
@@ -131,7 +134,11 @@ def aggregate(df: DataFrame, windows: Assigner, by: Sequence[str] = (),
                            ).alias(_CLOCK))
     output = _output_schema(df.schema, by, spec)
     processor = WindowProcessor(spec, by, inputs, output)
+    # The clock only feeds Spark's watermark: projected away above it, so the Python workers
+    # do not convert a timestamp per row (TWS in pandas builds each key's frame row by row).
+    # A projection, unlike a filter, cannot move below the watermark node.
     return (prepared.withWatermark(_CLOCK, "1 millisecond")
+            .drop(_CLOCK)
             .groupBy(*keys)
             .transformWithStateInPandas(processor, output, "Append", "EventTime"))
 
@@ -230,6 +237,7 @@ class WindowProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
+        self._profile = _start_profile()
         self.state = handle.getValueState(
             "windows", StructType([StructField("slots", BinaryType(), True)]))
 
@@ -239,50 +247,87 @@ class WindowProcessor(StatefulProcessor):
         batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else \
             (frames[0] if frames else None)
         if batch is not None:
-            batch = batch[batch["is_heartbeat"] != True]  # null-safe: a null flag is a record
+            beats = batch["is_heartbeat"].to_numpy() == True  # null-safe: a null flag is a record
+            if beats.any():
+                batch = batch[~beats]
         if batch is None or batch.empty:
             return
-        windows = self._load()
-        emissions = windows.apply(self.spec, _rows(batch, self.inputs),
-                                  timerValues.getCurrentWatermarkInMs())
-        self._save(windows)
+        watermark = timerValues.getCurrentWatermarkInMs()
+        windows, timer = self._load()
+        emissions = windows.apply(self.spec, _rows(batch, self.inputs), watermark)
+        self._save(windows, timer, watermark, expired=None)
         if emissions:
             yield self._frame(key, emissions)
 
     def handleExpiredTimer(self, key: tuple, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
-        windows = self._load()
-        emissions = windows.fire(self.spec, timerValues.getCurrentWatermarkInMs())
-        self._save(windows)
+        watermark = timerValues.getCurrentWatermarkInMs()
+        windows, timer = self._load()
+        before = len(windows.slots)
+        emissions = windows.fire(self.spec, watermark)
+        if emissions or len(windows.slots) != before or timer is None or timer < watermark:
+            self._save(windows, timer, watermark,
+                       expired=expiredTimerInfo.getExpiryTimeInMs())
         if emissions:
             yield self._frame(key, emissions)
 
     def close(self) -> None:
-        pass
+        if self._profile is not None:
+            self._profile.disable()
+            self._profile.dump_stats(os.path.join(os.environ[PROFILE_ENV],
+                                                  f"{os.getpid()}-{id(self):x}.prof"))
 
-    def _load(self) -> KeyWindows:
-        stored = self.state.get() if self.state.exists() else None
-        windows = KeyWindows(pickle.loads(stored[0])) if stored else KeyWindows()
-        self._marks = windows.wake_ups(self.spec)
-        return windows
+    def _load(self) -> tuple[KeyWindows, int | None]:
+        """The key's windows and the one timer registered for it (None: none or unknown)."""
+        stored = self.state.get()
+        if not stored:
+            return KeyWindows(), None
+        value = pickle.loads(stored[0])
+        if isinstance(value, dict):     # written before the timer was stored alongside
+            return KeyWindows(value), None
+        slots, timer = value
+        return KeyWindows(slots), timer
 
-    def _save(self, windows: KeyWindows) -> None:
+    def _save(self, windows: KeyWindows, timer: int | None, watermark: int,
+              expired: int | None) -> None:
+        """Store the windows and keep one timer per key, at the first watermark above the
+        current one at which ``fire`` has something to do: everything at or below the
+        current watermark was fired already, so any earlier timer is superseded (deleted
+        here, or by Spark once it has fired: ``expired``)."""
+        marks = [m for m in windows.wake_ups(self.spec) if m > watermark]
+        # Spark fires an event-time timer once its watermark is above the timer's time.
+        wanted = min(marks) - 1 if marks else None
+        if timer != wanted:
+            if timer is not None and timer != expired:
+                self.handle.deleteTimer(timer)
+            if wanted is not None:
+                self.handle.registerTimer(wanted)
         if not windows.slots:
             self.state.clear()
             return
-        self.state.update((pickle.dumps(windows.slots, protocol=5),))
-        # Spark fires an event-time timer once its watermark is above the timer's time.
-        for mark in sorted(windows.wake_ups(self.spec) - self._marks):
-            self.handle.registerTimer(mark - 1)
+        self.state.update((pickle.dumps((windows.slots, wanted), protocol=5),))
 
     def _frame(self, key: tuple, emissions: list[Emission]) -> pd.DataFrame:
-        data: dict[str, list] = {c: [key[i]] * len(emissions) for i, c in enumerate(self.by)}
+        # Built column by column in the output's order: a `columns=` argument would make
+        # pandas reindex, which costs more than building the frame (one frame per key).
+        n = len(emissions)
+        data: dict[str, object] = {c: [key[i]] * n for i, c in enumerate(self.by)}
         data["window_start"] = _instants([e.start for e in emissions])
         data["window_end"] = _instants([e.end for e in emissions])
         for i, agg in enumerate(self.spec.aggs):
             data[agg.name] = [e.values[i] for e in emissions]
         data["kind"] = [e.kind for e in emissions]
-        return pd.DataFrame(data, columns=self.output.fieldNames())
+        return pd.DataFrame(data, copy=False)
+
+
+def _start_profile():
+    if not os.environ.get(PROFILE_ENV):
+        return None
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    return profile
 
 
 def _rows(batch: pd.DataFrame, inputs: list[str]) -> Rows:
@@ -292,5 +337,6 @@ def _rows(batch: pd.DataFrame, inputs: list[str]) -> Rows:
     return Rows(millis(_TIME), millis(_MARK), {c: batch[c].to_numpy() for c in inputs})
 
 
-def _instants(ms: list[int | None]) -> pd.Series:
-    return pd.to_datetime(pd.Series(ms, dtype="float64"), unit="ms", utc=True)
+def _instants(ms: list[int | None]) -> pd.api.extensions.ExtensionArray:
+    """Epoch milliseconds (None: null) as UTC instants."""
+    return pd.DatetimeIndex(np.array(ms, dtype="datetime64[ms]")).tz_localize("UTC").array

@@ -1,0 +1,384 @@
+"""Windowed count: ``kwatermark.windows.aggregate`` against Spark's own
+``withWatermark(...).groupBy(window(...), key).count()`` over the same stream, in the same run.
+
+Data: ``--records`` records (default 1,000,000) over ``--partitions`` partitions, key
+``k{i % keys}`` (default 1,000 keys), event time (the Kafka timestamp) ``T0 + i`` ms for the
+i-th record, so 10-second tumbling windows hold 10 records per key. After them, each partition
+gets one marker record (key ``end``) 20 s past the data: it moves every partition's watermark
+(and Spark's) past the last data window, so both routes must emit every data window, and the
+markers' own window is never complete.
+
+Both queries read ``format("kwatermark")`` with the same options and ``maxOffsetsPerTrigger``
+(``--batches`` micro-batches), Trigger.AvailableNow, into a parquet sink (append mode) on a
+fresh checkpoint; kwatermark's adds ``watermark.heartbeat=true`` (its last windows come out in
+a heartbeat micro-batch that reads no records; Spark's come out in its no-data batch). A third
+configuration, the source alone into the noop sink, shows what reading costs.
+
+Throughput: records / the sum of ``durationMs.triggerExecution`` of every batch after the
+first (the first includes starting Python workers); the trailing heartbeat / no-data batches
+that emit the last windows are included. The whole run's wall time is reported too.
+
+Every kwatermark run is checked against ground truth computed from what was produced: each
+(key, window) exactly once, kind ``final``, its true count, and the counts sum to the records.
+
+Run: ``python bench/bench_windows.py`` (defaults: 3 rounds, a few minutes on 2 cores);
+``--records 100000 --repeat 1 --results /tmp/wb`` for a quick trial.
+``KWATERMARK_WINDOWS_PROFILE=dir`` (exported before the run) makes each Python worker write a
+cProfile of the window processor to ``dir`` (see ``--profile``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH_DIR)
+
+import common
+from run import CpuMeter, Workspace, git_revision, log, median
+
+SIZE_MS = 10_000
+MARKER_GAP_MS = 20_000
+SPARK_DELAY = "1 second"
+TARGET = 0.5   # kwatermark >= 0.5 x Spark's own windowed count
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser.add_argument("--bootstrap-servers", help="existing Kafka; default: start Tansu")
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--keys", type=int, default=1_000)
+    parser.add_argument("--batches", type=int, default=5,
+                        help="data micro-batches per run (maxOffsetsPerTrigger = records / "
+                             "batches); default 5")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds (medians reported)")
+    parser.add_argument("--shuffle-partitions", type=int, default=2)
+    parser.add_argument("--configs", default="kwatermark,spark,source",
+                        help="any of kwatermark, spark, spark-hdfs, source")
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile the window processor in the Python workers and print "
+                             "the top functions (slows it down; figures are not saved)")
+    parser.add_argument("--results", default=os.path.join(BENCH_DIR, "results"))
+    args = parser.parse_args(argv)
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if args.records % args.partitions:
+        parser.error("--records must be a multiple of --partitions")
+    return args
+
+
+# -- data and ground truth --------------------------------------------------------------------
+
+
+def produce(broker: common.Broker, topic: str, records: int, partitions: int, keys: int
+            ) -> float:
+    """Record i: partition i % partitions, key k{i % keys}, timestamp T0 + i; then one marker
+    per partition, each flushed in a batch of its own (Tansu's end offset, DESIGN §8)."""
+    started = time.perf_counter()
+    producer = common.fast_producer(broker.bootstrap_servers)
+    value = b"x" * common.VALUE_SIZE
+    names = [f"k{k}".encode() for k in range(keys)]
+    for i in range(records):
+        _produce(producer, topic, i % partitions, names[i % keys], value, common.BASE_TS_MS + i)
+        if i % 10_000 == 9_999:
+            producer.poll(0)
+    if producer.flush(300):
+        raise RuntimeError(f"topic {topic}: records left unsent")
+    marker = common.BASE_TS_MS + records + MARKER_GAP_MS
+    for p in range(partitions):
+        _produce(producer, topic, p, b"end", value, marker)
+        if producer.flush(60):
+            raise RuntimeError(f"topic {topic}: marker left unsent")
+    ends = broker.end_offsets(topic, partitions)
+    expected = records // partitions + 1
+    if any(e != expected for e in ends.values()):
+        raise RuntimeError(f"topic {topic}: end offsets {ends}, expected {expected} each")
+    return time.perf_counter() - started
+
+
+def _produce(producer, topic, partition, key, value, ts) -> None:
+    while True:
+        try:
+            producer.produce(topic, key=key, value=value, partition=partition, timestamp=ts)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+def truth(records: int, keys: int) -> dict[tuple[str, int], int]:
+    """(key, window start ms) -> count, from the produced sequence."""
+    i = np.arange(records, dtype=np.int64)
+    ts = common.BASE_TS_MS + i
+    starts = ts - ts % SIZE_MS
+    pairs, counts = np.unique(np.stack([i % keys, starts]), axis=1, return_counts=True)
+    return {(f"k{k}", int(s)): int(n) for (k, s), n in zip(pairs.T.tolist(), counts.tolist())}
+
+
+# -- Spark ------------------------------------------------------------------------------------
+
+
+def start_spark(shuffle_partitions: int):
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    started = time.perf_counter()
+    spark = (SparkSession.builder.master("local[2]")
+             .appName("kwatermark-bench-windows")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+             .config("spark.driver.memory", "2g")
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.sql.streaming.stopTimeout", "30s")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark, time.perf_counter() - started
+
+
+PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def source(spark, bootstrap: str, topic: str, ws: Workspace, per_trigger: int,
+           heartbeat: bool):
+    reader = (spark.readStream.format("kwatermark")
+              .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+              .option("startingOffsets", "earliest")
+              .option("maxOffsetsPerTrigger", str(per_trigger))
+              .option("watermark.stateLocation", ws.fresh("ledger")))
+    if heartbeat:
+        reader = reader.option("watermark.heartbeat", "true")
+    return reader.load()
+
+
+def build(spark, config: str, bootstrap: str, topic: str, ws: Workspace, per_trigger: int):
+    from pyspark.sql import functions as F
+
+    from kwatermark.windows import aggregate, tumbling
+
+    if config == "kwatermark":
+        frame = source(spark, bootstrap, topic, ws, per_trigger, heartbeat=True)
+        counts = aggregate(frame, tumbling("10 seconds"), by=["key"],
+                           aggs={"n": ("count", None)})   # sets RocksDB (TWS needs it)
+        return counts.select(F.col("key").cast("string").alias("key"),
+                             F.unix_millis("window_start").alias("start"), "n", "kind")
+    frame = source(spark, bootstrap, topic, ws, per_trigger, heartbeat=False)
+    if config == "source":
+        return frame
+    spark.conf.set(PROVIDER, HDFS if config == "spark-hdfs" else ROCKSDB)
+    counts = (frame.withWatermark("event_time", SPARK_DELAY)
+              .groupBy(F.window("event_time", "10 seconds"), "key").count())
+    return counts.select(F.col("key").cast("string").alias("key"),
+                         F.unix_millis("window.start").alias("start"),
+                         F.col("count").alias("n"), F.lit("final").alias("kind"))
+
+
+def run_one(spark, config: str, bootstrap: str, topic: str, ws: Workspace, per_trigger: int,
+            meter: CpuMeter, records: int) -> tuple[dict, str | None]:
+    frame = build(spark, config, bootstrap, topic, ws, per_trigger)
+    out = ws.fresh(f"out-{config}")
+    writer = frame.writeStream.option("checkpointLocation", ws.fresh("checkpoint"))
+    if config == "source":
+        writer, out = writer.format("noop"), None
+    else:
+        writer = writer.outputMode("append").format("parquet").option("path", out)
+    cpu = meter.snapshot()
+    started = time.perf_counter()
+    query = writer.trigger(availableNow=True).start()
+    query.awaitTermination(1800)
+    wall = time.perf_counter() - started
+    cpu = meter.since(cpu, wall)
+    if query.isActive:
+        query.stop()
+        raise RuntimeError(f"{config}: the AvailableNow run did not finish in 1800 s")
+    if query.exception() is not None:
+        raise RuntimeError(f"{config} failed: {query.exception()}")
+    progress = list(query.recentProgress)
+    read = sum(p.numInputRows for p in progress)
+    if read < records:
+        raise RuntimeError(f"{config}: read {read} records, expected at least {records}")
+    data = [p for p in progress if p.numInputRows > 0]
+    later = progress[progress.index(data[0]) + 1:]
+    trigger_s = sum(p.durationMs.get("triggerExecution", 0) for p in later) / 1000.0
+    rows = sum(p.numInputRows for p in later)
+    state = [op for p in progress for op in (p.stateOperators or [])]
+    return {
+        "batches": len(progress),
+        "data_batches": len(data),
+        "first_batch_s": data[0].durationMs.get("triggerExecution", 0) / 1000.0,
+        "warm_records": rows,
+        "warm_s": trigger_s,
+        "warm_records_per_s": rows / trigger_s,
+        "wall_s": wall,
+        "wall_records_per_s": read / wall,
+        "dropped_by_watermark": sum(op.numRowsDroppedByWatermark for op in state),
+        "batch_ms": [p.durationMs.get("triggerExecution", 0) for p in progress],
+        "cpu": cpu,
+    }, out
+
+
+def check(spark, out: str, expected: dict[tuple[str, int], int], records: int,
+          exact: bool) -> dict:
+    """What the parquet sink got against the ground truth."""
+    rows = spark.read.parquet(out).toPandas()
+    rows = rows[rows["key"] != "end"]
+    got = {(k, int(s)): int(n) for k, s, n in zip(rows["key"], rows["start"], rows["n"])}
+    kinds = rows["kind"].value_counts().to_dict()
+    wrong = sum(1 for w, n in expected.items() if got.get(w) != n)
+    result = {"rows": len(rows), "windows": len(got), "counted": int(rows["n"].sum()),
+              "records": records, "wrong_windows": wrong + len(set(got) - set(expected)),
+              "duplicates": len(rows) - len(got), "kinds": {str(k): int(v)
+                                                            for k, v in kinds.items()}}
+    result["every_record_counted"] = (result["counted"] == records and wrong == 0
+                                      and result["duplicates"] == 0)
+    if exact and not result["every_record_counted"]:
+        raise RuntimeError(f"kwatermark's windows differ from the ground truth: {result}")
+    return result
+
+
+# -- profile ----------------------------------------------------------------------------------
+
+
+def print_profiles(directory: str, top: int = 30) -> None:
+    import pstats
+
+    files = glob.glob(os.path.join(directory, "*.prof"))
+    if not files:
+        print(f"no profiles in {directory}")
+        return
+    stats = pstats.Stats(*files)
+    stats.sort_stats("cumulative").print_stats(top)
+    stats.sort_stats("tottime").print_stats(top)
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.profile:
+        directory = os.environ.setdefault("KWATERMARK_WINDOWS_PROFILE",
+                                          os.path.join(Workspace().root, "profile"))
+        os.makedirs(directory, exist_ok=True)
+        args.configs = ["kwatermark"]
+        args.repeat = 1
+    broker = common.Broker.open(args.bootstrap_servers)
+    log(f"broker: {broker.kind} at {broker.bootstrap_servers}")
+    ws = Workspace()
+    spark = None
+    results: dict = {
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": common.machine_info(), "git": git_revision(), "broker": broker.kind,
+        "sizes": {"records": args.records, "partitions": args.partitions, "keys": args.keys,
+                  "window": "10 seconds tumbling", "batches": args.batches,
+                  "max_offsets_per_trigger": -(-args.records // args.batches),
+                  "shuffle_partitions": args.shuffle_partitions, "repeat": args.repeat,
+                  "spark_watermark_delay": SPARK_DELAY},
+    }
+    try:
+        topic = broker.create_topic(args.partitions, "bench-windows")
+        log(f"producing {args.records:,} records, {args.keys:,} keys, into {topic}")
+        results["sizes"]["produce_s"] = produce(broker, topic, args.records, args.partitions,
+                                                args.keys)
+        expected = truth(args.records, args.keys)
+        log(f"  produced in {results['sizes']['produce_s']:.1f} s; {len(expected):,} "
+            f"(key, window) pairs")
+        spark, start_s = start_spark(args.shuffle_partitions)
+        results["session_start_s"] = start_s
+        meter = CpuMeter(broker.pid)
+        per_trigger = -(-args.records // args.batches)
+        # Warm-up (not measured): Python workers, JIT, both query plans, on a small topic.
+        warm = broker.create_topic(args.partitions, "bench-windows-warm")
+        produce(broker, warm, 20_000, args.partitions, args.keys)
+        for config in args.configs:
+            run_one(spark, config, broker.bootstrap_servers, warm, ws, 5_000, meter, 20_000)
+        log("warm-up done")
+        runs: dict[str, list] = {}
+        for round_no in range(1, args.repeat + 1):
+            turn = (round_no - 1) % len(args.configs)
+            for config in args.configs[turn:] + args.configs[:turn]:
+                run, out = run_one(spark, config, broker.bootstrap_servers, topic, ws,
+                                   per_trigger, meter, args.records)
+                if out is not None:
+                    run["check"] = check(spark, out, expected, args.records,
+                                         exact=config == "kwatermark")
+                runs.setdefault(config, []).append(run)
+                counted = run.get("check", {}).get("counted")
+                log(f"round {round_no}: {config:<11} {run['warm_records_per_s']:>10,.0f} "
+                    f"records/s warm ({run['warm_s']:.1f} s, first batch "
+                    f"{run['first_batch_s']:.1f} s, wall {run['wall_s']:.1f} s, "
+                    f"{run['batches']} batches)"
+                    + (f"; counted {counted:,} of {args.records:,}" if counted is not None
+                       else ""))
+    finally:
+        if spark is not None:
+            spark.stop()
+        broker.stop()
+        if not args.profile:
+            ws.remove()
+    if args.profile:
+        print_profiles(os.environ["KWATERMARK_WINDOWS_PROFILE"])
+        return 0
+    summary = {}
+    for config, measured in runs.items():
+        summary[config] = {
+            "warm_records_per_s": median([r["warm_records_per_s"] for r in measured]),
+            "wall_records_per_s": median([r["wall_records_per_s"] for r in measured]),
+            "first_batch_s": median([r["first_batch_s"] for r in measured]),
+            "cpu_seconds": {party: median([r["cpu"]["seconds"].get(party, 0.0)
+                                           for r in measured])
+                            for party in measured[0]["cpu"]["seconds"]},
+            # Spark's and its Python workers' CPU per record: steadier than wall time on a
+            # machine shared with other work (the broker's is left out).
+            "spark_cpu_us_per_record": median([
+                sum(v for k, v in r["cpu"]["seconds"].items() if k != "broker")
+                / args.records * 1e6 for r in measured]),
+            "runs": measured,
+        }
+    results["configs"] = summary
+    if "kwatermark" in summary and "spark" in summary:
+        ratio = summary["kwatermark"]["warm_records_per_s"] / \
+            summary["spark"]["warm_records_per_s"]
+        every = all(r["check"]["every_record_counted"] for r in runs["kwatermark"])
+        results["ratio"] = {"kwatermark_vs_spark": ratio,
+                            "wall_kwatermark_vs_spark":
+                                summary["kwatermark"]["wall_records_per_s"]
+                                / summary["spark"]["wall_records_per_s"],
+                            "cpu_kwatermark_vs_spark":
+                                summary["spark"]["spark_cpu_us_per_record"]
+                                / summary["kwatermark"]["spark_cpu_us_per_record"],
+                            "target": TARGET, "every_record_counted": every,
+                            "pass": ratio >= TARGET and every}
+    os.makedirs(args.results, exist_ok=True)
+    path = os.path.join(args.results, "windows.json")
+    with open(path, "w") as out:
+        json.dump(results, out, indent=2)
+        out.write("\n")
+    print()
+    for config, s in summary.items():
+        print(f"{config:<11} warm {s['warm_records_per_s']:>10,.0f} records/s   whole run "
+              f"{s['wall_records_per_s']:>10,.0f} records/s   CPU "
+              f"{s['spark_cpu_us_per_record']:,.0f} us/record (median of {len(s['runs'])})")
+    if "ratio" in results:
+        r = results["ratio"]
+        print(f"kwatermark / spark: {r['kwatermark_vs_spark']:.2f}x warm, "
+              f"{r['wall_kwatermark_vs_spark']:.2f}x whole run, "
+              f"{r['cpu_kwatermark_vs_spark']:.2f}x by CPU per record; every record counted: "
+              f"{r['every_record_counted']}; target >= {TARGET}x: "
+              f"{'PASS' if r['pass'] else 'FAIL'}")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
