@@ -146,7 +146,10 @@ class KWatermarkDataSource(DataSource):
         expected = [f.name for f in layout.schema()]
         if schema.fieldNames() != expected:
             raise OptionError("kwatermark does not accept a user-specified schema (as Spark's "
-                              "Kafka source); its columns are " + ", ".join(expected))
+                              "Kafka source): remove .schema(...) from the reader; its "
+                              "columns are " + ", ".join(expected) + ". (Spark does not show "
+                              "the schema to the source before the query starts, so this is "
+                              "reported at start() or the first action, not at load().)")
         return options, layout, decoders
 
     def streamReader(self, schema: StructType) -> KWatermarkStreamReader:

@@ -187,7 +187,8 @@ def test_avro_confluent_default_subject_missing_names_it(spark, broker, topic_fa
 # -- 6. error texts ------------------------------------------------------------------------
 
 def test_misspelt_option_through_spark_suggests_the_documented_spelling(spark, broker):
-    with pytest.raises(Exception, match="did you mean 'maxOffsetsPerTrigger'"):
+    with pytest.raises(Exception, match="unknown option 'maxoffsetpertrigger' \\(as Spark passes "
+                                        "it: .*did you mean 'maxOffsetsPerTrigger'"):
         kwatermark_stream(spark, broker, "events", maxOffsetPerTrigger="10")
 
 
