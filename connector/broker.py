@@ -22,7 +22,7 @@ log = logging.getLogger("kwatermark.broker")
 
 # A wrong address fails this soon: until a broker has answered once in this process, all
 # attempts together get at most this long, not ``kafkaConsumer.pollTimeoutMs`` (DESIGN §3).
-NEVER_REACHED_BUDGET_MS = 20_000
+NEVER_REACHED_BUDGET_MS = 15_000
 
 T = TypeVar("T")
 
