@@ -49,8 +49,10 @@ class KafkaMetadata:
             try:
                 self._admin = AdminClient(conf)
             except KafkaException as exc:
-                raise OptionError(f"a kafka.* option was refused by librdkafka: "
-                                  f"{exc.args[0] if exc.args else exc}") from exc
+                error = exc.args[0] if exc.args else exc
+                text = error.str() if isinstance(error, KafkaError) else str(error)
+                raise OptionError(f"a kafka.* option was refused by librdkafka: {text}"
+                                  ) from exc
         return self._admin
 
     def _record_connection_error(self, error: KafkaError) -> None:

@@ -200,3 +200,28 @@ def test_user_schema_on_a_stream_is_refused_naming_the_columns(spark, broker, to
              .option("subscribe", writer.topic).load())
     with pytest.raises(Exception, match="does not accept a user-specified schema"):
         run_available_now(frame, checkpoint)
+
+
+# -- 7. behaviour the docs describe ----------------------------------------------------------
+
+def test_misspelt_kafka_property_is_an_option_error_naming_it(spark, broker, topic_factory):
+    writer = topic_factory(1)
+    with pytest.raises(Exception, match=r"OptionError: a kafka\.\* option was refused by "
+                                        r"librdkafka: No such configuration property: "
+                                        r"\"sesion\.timeout\.ms\""):
+        kwatermark_batch(spark, broker, writer.topic,
+                         **{"kafka.sesion.timeout.ms": "10000"}).collect()
+
+
+def test_first_batch_runs_even_with_nothing_to_read_and_starts_at_latest(
+        spark, broker, topic_factory, checkpoint):
+    writer = topic_factory(1)
+    writer.send([Record(0, 1_000), Record(0, 2_000)])
+    frame = (spark.readStream.format("kwatermark")  # startingOffsets left at its default
+             .option("kafka.bootstrap.servers", broker.bootstrap_servers)
+             .option("subscribe", writer.topic).load())
+    batches, _ = run_available_now(frame, checkpoint)
+    # Spark always runs batch 0 (from the starting offsets); later ones only with new records.
+    assert batches.by_id == {0: []}
+    batches, _ = run_available_now(frame, checkpoint)
+    assert batches.by_id == {}
