@@ -3,8 +3,11 @@ and how many lines reach stderr meanwhile (issue 14, DESIGN §3).
 
     python bench/wrong_address.py [--address 127.0.0.1:1] [--mode batch|stream|both]
 
-Each run is a fresh interpreter (a new SparkSession) so stderr is the query's own; the
-SparkSession's start-up lines are counted separately (before the query) and subtracted.
+Each run is a fresh interpreter (a new SparkSession) so stderr is the query's own; only
+lines between the query's start and its end are counted. The same run also times the same
+query against a reachable local broker (an empty topic, read to its end) as the baseline:
+what Spark itself takes on this machine, now. ``wrong - reachable`` is what the failing
+requests cost. Runs alternate (wrong, reachable, reachable, wrong, ...); medians are printed.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,16 +32,17 @@ sys.stderr.write("=== QUERY STARTS ===\n"); sys.stderr.flush()
 started = time.monotonic()
 error = ""
 try:
+    topic = sys.argv[3]
     if mode == "batch":
         (spark.read.format("kwatermark").option("kafka.bootstrap.servers", address)
-         .option("subscribe", "events").load().collect())
+         .option("subscribe", topic).load().collect())
     else:
         query = (spark.readStream.format("kwatermark")
-                 .option("kafka.bootstrap.servers", address).option("subscribe", "events")
-                 .load().writeStream.format("noop")
+                 .option("kafka.bootstrap.servers", address).option("subscribe", topic)
+                 .load().writeStream.format("noop").trigger(availableNow=True)
                  .option("checkpointLocation", tempfile.mkdtemp()).start())
         query.awaitTermination(600)
-        error = str(query.exception())
+        error = str(query.exception() or "")
 except Exception as exc:  # noqa: BLE001
     error = str(exc)
 elapsed = time.monotonic() - started
@@ -49,10 +54,10 @@ print("RESULT " + json.dumps({"seconds": round(elapsed, 1),
 """
 
 
-def run(mode: str, address: str) -> dict:
+def run(mode: str, address: str, topic: str = "events") -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(CHILD)
-    done = subprocess.run([sys.executable, f.name, mode, address], check=False,
+    done = subprocess.run([sys.executable, f.name, mode, address, topic], check=False,
                           capture_output=True,
                           text=True, timeout=900, env=dict(os.environ))
     os.unlink(f.name)
@@ -68,6 +73,7 @@ def run(mode: str, address: str) -> dict:
     result["librdkafka_lines"] = sum("Connect to" in line or "rdkafka" in line.lower()
                                      for line in during)
     result["mode"] = mode
+    result["stderr_sample"] = [line[:160] for line in during[:3]]
     return result
 
 
@@ -75,9 +81,32 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--address", default="127.0.0.1:1")
     parser.add_argument("--mode", default="both", choices=("batch", "stream", "both"))
+    parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
-    for mode in (("batch", "stream") if args.mode == "both" else (args.mode,)):
-        print(json.dumps(run(mode, args.address)), flush=True)
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from kwatermark.localbroker import LocalBroker
+
+    with LocalBroker.start() as broker:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+        admin.create_topics([NewTopic("empty", 1, 1)])["empty"].result(30)
+        for mode in (("batch", "stream") if args.mode == "both" else (args.mode,)):
+            wrong, reachable = [], []
+            for i in range(args.repeats):
+                order = ("wrong", "reachable") if i % 2 == 0 else ("reachable", "wrong")
+                for which in order:
+                    if which == "wrong":
+                        wrong.append(run(mode, args.address))
+                        print(json.dumps(wrong[-1]), flush=True)
+                    else:
+                        reachable.append(run(mode, broker.bootstrap_servers, "empty"))
+                        print(json.dumps(reachable[-1]), flush=True)
+            w = statistics.median(r["seconds"] for r in wrong)
+            ok = statistics.median(r["seconds"] for r in reachable)
+            lines = statistics.median(r["stderr_lines"] for r in wrong)
+            print(f"{mode}: wrong address fails after {w:.1f} s (median of {len(wrong)}); "
+                  f"the same query against a reachable broker takes {ok:.1f} s; difference "
+                  f"{w - ok:.1f} s; {lines:.0f} stderr lines while failing", flush=True)
 
 
 if __name__ == "__main__":
