@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import uuid
 from dataclasses import asdict, dataclass
 
@@ -57,13 +58,16 @@ class ProgressLedger:
     >>> ledger = ProgressLedger("/tmp/kwatermark-ledger")  # or "s3://bucket/ledger"
     """
 
-    def __init__(self, location: str):
+    def __init__(self, location: str, *, default: bool = False):
         self.location = location
+        self.default = default      # the user left watermark.stateLocation unset
         self._fs: pafs.FileSystem | None = None
         self._root = ""
+        self._mark: str | None = None
 
     def __getstate__(self) -> dict:
-        return {"location": self.location, "_fs": None, "_root": ""}
+        return {"location": self.location, "default": self.default, "_fs": None, "_root": "",
+                "_mark": None}
 
     def _filesystem(self) -> tuple[pafs.FileSystem, str]:
         if self._fs is None:
@@ -96,6 +100,58 @@ class ProgressLedger:
         with fs.open_output_stream(temporary) as out:
             out.write(json.dumps(record.to_json(), sort_keys=True).encode())
         fs.move(temporary, path)
+
+    # -- is the default location shared? -------------------------------------------------
+    # The default is a path in the driver's temp directory. An executor on another host (or
+    # with a private /tmp) would write its records where the driver never looks, and the driver
+    # would silently re-read every range. So the driver leaves a mark there, each task carries
+    # its name, and an executor that cannot see it refuses before reading anything.
+
+    def driver_mark(self) -> str | None:
+        """On the driver: the mark's path (one small file per driver host, written once per
+        query start), or None when the user chose the location (then a missing record is
+        recomputed with a warning, as documented)."""
+        if not self.default:
+            return None
+        if self._mark is None:
+            fs, root = self._filesystem()
+            mark = f"{root}/driver-{socket.gethostname()}.mark"
+            fs.create_dir(root, recursive=True)
+            with fs.open_output_stream(mark) as out:
+                out.write(b"a kwatermark driver on this host keeps progress records here\n")
+            self._mark = mark
+        return self._mark
+
+    def require_shared(self, mark: str | None) -> None:
+        """On an executor: refuse to read when the driver's default location is not here."""
+        if mark is None:
+            return
+        fs, _ = self._filesystem()
+        try:
+            visible = fs.get_file_info(mark).type != pafs.FileType.NotFound
+        except OSError:
+            visible = False
+        if not visible:
+            raise OptionError(
+                f"option watermark.stateLocation is unset, so progress records go to the "
+                f"driver's temp directory {self.location!r}, which this executor (host "
+                f"{socket.gethostname()}) does not share with the driver (it cannot see the "
+                f"driver's mark {mark}): set it to a location the driver and every executor "
+                f'can write, e.g. .option("watermark.stateLocation", '
+                f'"s3://bucket/ledgers/my-query") (or hdfs://..., or a shared file system path)')
+
+    def offer(self, task: RangeTask, fingerprint: dict, record: ProgressRecord) -> bool:
+        """``publish`` from an executor: a record that cannot be written (a location this host
+        cannot reach) is recomputed by the driver, so it never fails the task."""
+        try:
+            self.publish(task, fingerprint, record)
+            return True
+        except (OSError, OptionError) as exc:
+            log.warning("cannot write the progress record of topic %s partition %s offsets "
+                        "[%d, %d) to watermark.stateLocation=%s (%s); the driver will "
+                        "recompute it", task.topic, task.partition, task.start, task.end,
+                        self.location, exc)
+            return False
 
     def lookup(self, task: RangeTask, fingerprint: dict) -> ProgressRecord | None:
         fs, _ = self._filesystem()

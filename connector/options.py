@@ -256,6 +256,7 @@ class SourceOptions:
     allowed_lateness_ms: int = 0
     heartbeat: bool = False            # watermark.heartbeat: watermark-only batches (§10)
     state_location: str = ""
+    state_location_is_default: bool = False   # unset: the driver's temp directory
     serde_options: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # secrets
     key_format: str = "binary"
     value_format: str = "binary"
@@ -503,6 +504,7 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> S
                                               opts.get("allowedLateness", "0")),
         heartbeat=_parse_bool("watermark.heartbeat", opts.get("watermark.heartbeat", "false")),
         state_location=state_location,
+        state_location_is_default=not opts.get("watermark.stateLocation"),
         serde_options=tuple(sorted((k, v) for k, v in opts.items()
                                    if k.lower().startswith(("key.", "value.")))),
         key_format=key_format,

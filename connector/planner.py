@@ -64,7 +64,8 @@ class BatchPlanner:
         self.layout = layout
         self.decoders = decoders
         self.metadata = KafkaMetadata(options)
-        self.ledger = ProgressLedger(options.state_location)
+        self.ledger = ProgressLedger(options.state_location,
+                                     default=options.state_location_is_default)
         self.fingerprint = options.watermark.fingerprint()
         self._policy = None
         self._folded: dict[str, tuple[dict[TopicPartition, PartitionState], int]] = {}
@@ -283,8 +284,19 @@ class BatchPlanner:
         if key in self._folded:
             return self._folded[key]
         records: dict[TopicPartition, list[ProgressRecord]] = {}
-        for task in self.tasks(offset):
-            records.setdefault(task.tp, []).append(self._progress_of(task))
+        tasks = self.tasks(offset)
+        recomputed = 0
+        for task in tasks:
+            record = self.ledger.lookup(task, self.fingerprint)
+            if record is None:
+                record = self._recompute(task)
+                recomputed += 1
+            records.setdefault(task.tp, []).append(record)
+        if recomputed:
+            log.warning("recomputed %d of %d ranges of the last batch on the driver: their "
+                        "progress records were not in watermark.stateLocation=%s (on a "
+                        "cluster, set it to a location every executor can write)", recomputed,
+                        len(tasks), self.options.state_location)
         states = {}
         highest = UNDEFINED
         for tp, r in offset.partitions.items():
@@ -309,11 +321,8 @@ class BatchPlanner:
         self._folded = {key: (states, highest)}
         return states, highest
 
-    def _progress_of(self, task: RangeTask) -> ProgressRecord:
-        record = self.ledger.lookup(task, self.fingerprint)
-        if record is not None:
-            return record
-        log.warning(
+    def _recompute(self, task: RangeTask) -> ProgressRecord:
+        log.info(
             "progress record for topic %s partition %s offsets [%d, %d) is missing from "
             "watermark.stateLocation=%s (task cut short, or no shared location); recomputing "
             "it by reading the range on the driver", task.topic, task.partition, task.start,

@@ -39,9 +39,14 @@ from kwatermark.reader import Decoders, RangeReader
 
 
 class RangePartition(InputPartition):
-    def __init__(self, task: RangeTask):
+    """One range. A streaming task publishes its progress record (a batch read has no next
+    batch to plan); ``ledger_mark`` is the driver's mark in the default progress location."""
+
+    def __init__(self, task: RangeTask, publish: bool = False, ledger_mark: str | None = None):
         super().__init__(task)
         self.task = task
+        self.publish = publish
+        self.ledger_mark = ledger_mark
 
 
 class HeartbeatPartition(InputPartition):
@@ -166,9 +171,12 @@ def _read(options: SourceOptions, layout: OutputLayout, decoders: Decoders, plan
         return
     if type(partition) is InputPartition and partition.value is None:
         return  # Spark's stand-in when partitions() is empty (nothing to read): no rows
+    if partition.publish:
+        planner.ledger.require_shared(partition.ledger_mark)
     reader = RangeReader(options, layout, decoders, partition.task)
     yield from reader
-    planner.ledger.publish(partition.task, planner.fingerprint, reader.progress)
+    if partition.publish:
+        planner.ledger.offer(partition.task, planner.fingerprint, reader.progress)
 
 
 class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -208,7 +216,8 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         offset = BatchOffset.from_json(end)
         if offset.heartbeat:
             return [HeartbeatPartition(offset.watermark)]
-        return [RangePartition(task) for task in self.planner.tasks(offset)]
+        mark = self.planner.ledger.driver_mark()
+        return [RangePartition(task, True, mark) for task in self.planner.tasks(offset)]
 
     def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, self.layout, self.decoders, self.planner, partition)

@@ -8,6 +8,7 @@ import shutil
 from pyspark.sql import functions as F
 
 from tests.support.kafka import Record
+from tests.support.secrets import spark_output
 from tests.support.streams import (
     Batches,
     ev_ms,
@@ -126,7 +127,7 @@ def test_restart_keeps_every_partitions_state(spark, broker, topic_factory, chec
 
 
 def test_lost_progress_record_is_recomputed_with_the_same_result(
-        spark, broker, topic_factory, tmp_path):
+        spark, broker, topic_factory, tmp_path, request):
     steps = [[Record(p, 1_000 * i + 7 * p) for i in range(1, 6) for p in range(2)],
              [Record(p, 9_000 + 500 * i) for i in range(4) for p in range(2)]]
     results = []
@@ -146,6 +147,10 @@ def test_lost_progress_record_is_recomputed_with_the_same_result(
             run_available_now(frame, checkpoint, seen)
         results.append(by_batch(seen))
     assert results[0] == results[1]
+    # The driver (Spark's Python source process) says per batch how many ranges it re-read.
+    output = spark_output(request)
+    if output is not None:   # pytest -s hands Spark's output to the terminal instead
+        assert "recomputed 2 of 2 ranges of the last batch on the driver" in output
     assert results[0][1][0][2] == 3_999  # min(p0 5000, p1 5007) - 1000 - 1
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kwatermark.errors import OptionError
 from kwatermark.ledger import ProgressLedger, ProgressRecord, record_key
 from kwatermark.offsets import PartitionState, RangeTask
 from kwatermark.watermarks import NO_PARTITIONS, UNDEFINED
@@ -149,3 +150,43 @@ def test_file_uri_location(tmp_path):
     ledger.publish(task(), FINGERPRINT, RECORD)
     assert ledger.lookup(task(), FINGERPRINT) == RECORD
     assert record_files(tmp_path / "uri")
+
+
+def test_an_executor_that_cannot_write_its_record_warns_and_does_not_fail(tmp_path, caplog):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the ledger's directory should be")
+    ledger = ProgressLedger(str(blocker / "ledger"))
+    with caplog.at_level("WARNING", logger="kwatermark.ledger"):
+        assert ledger.offer(task(), FINGERPRINT, RECORD) is False
+    assert "watermark.stateLocation" in caplog.text and "topic events partition 0" in caplog.text
+    assert ledger.lookup(task(), FINGERPRINT) is None   # the driver will recompute it
+    writable = ProgressLedger(str(tmp_path / "ledger"))
+    assert writable.offer(task(), FINGERPRINT, RECORD) is True
+    assert writable.lookup(task(), FINGERPRINT) == RECORD
+
+
+def test_default_location_an_executor_that_does_not_share_it_refuses(tmp_path):
+    driver = ProgressLedger(str(tmp_path / "driver-tmp" / "kwatermark-ledger"), default=True)
+    mark = driver.driver_mark()
+    assert mark is not None and Path(mark).exists() and driver.driver_mark() == mark
+    # An executor on the same host (same file system) sees the mark and goes on.
+    same_host = pickle.loads(pickle.dumps(driver))
+    same_host.require_shared(mark)
+    # An executor elsewhere: the same path string, but the driver's mark is not there.
+    elsewhere = pickle.loads(pickle.dumps(driver))
+    other_mark = str(tmp_path / "other-host" / Path(mark).name)
+    with pytest.raises(OptionError, match=r"option watermark.stateLocation is unset.*"
+                                           r"s3://bucket"):
+        elsewhere.require_shared(other_mark)
+    # One mark per driver host, whatever the number of queries started there.
+    again = ProgressLedger(str(tmp_path / "driver-tmp" / "kwatermark-ledger"), default=True)
+    assert again.driver_mark() == mark
+    assert [p.name for p in (tmp_path / "driver-tmp" / "kwatermark-ledger").iterdir()] == [
+        Path(mark).name]
+
+
+def test_a_location_the_user_chose_needs_no_mark(tmp_path):
+    ledger = ProgressLedger(str(tmp_path / "shared"))
+    assert ledger.driver_mark() is None
+    ledger.require_shared(None)            # nothing to check: missing records are recomputed
+    assert not (tmp_path / "shared").exists()
