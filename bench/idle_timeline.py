@@ -1,11 +1,13 @@
 """Print an ASCII timeline of the four built-in idle policies on one real run.
 
     .venv/bin/python bench/idle_timeline.py [--bootstrap-servers HOST:PORT]
+                                            [--plot docs/idle-timeline.png]
 
 Scenario (two partitions): both speak at first; then partition 1 falls silent while
 partition 0 keeps producing, one micro-batch every ~1.5 s; idle.timeout = 1 second,
 idle.maxDelay = 20 seconds for `advance`. Output: the watermark each batch's rows carry, per
-policy, as event-time offsets from the scenario start. Used for docs/idle-policies.md.
+policy, as event-time offsets from the scenario start; with --plot, the same as a PNG. Used
+for docs/idle-policies.md.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap-servers")
     parser.add_argument("--batches", type=int, default=5)
+    parser.add_argument("--plot", metavar="FILE.png", help="also draw the timeline")
+    parser.add_argument("--step-seconds", type=int, default=60,
+                        help="event time between partition 0's records (default 60: well "
+                             "ahead of processing time, so advance's clock is visible)")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -53,7 +59,7 @@ def main() -> int:
         checkpoint = tempfile.mkdtemp(prefix="kw-timeline-")
         seen = Batches()
         for n in range(args.batches):
-            step = [Record(0, start + n * 10_000)]
+            step = [Record(0, start + n * args.step_seconds * 1_000)]
             if n == 0:
                 step.append(Record(1, start + 2_000))
             else:
@@ -68,7 +74,8 @@ def main() -> int:
     def cell(value, base):
         return "null" if value is None else f"{(value - base) / 1000:+.3f} s"
 
-    print("partition 0 event times: +0 s, +10 s, +20 s, ... (one record per batch)")
+    step = args.step_seconds
+    print(f"partition 0 event times: +0 s, +{step} s, +{2 * step} s, ... (one record per batch)")
     print("partition 1: one record at +2 s in batch 0, then silent\n")
     print("batch | " + " | ".join(f"{p:>12}" for p in POLICIES))
     print("----- | " + " | ".join("-" * 12 for _ in POLICIES))
@@ -76,7 +83,45 @@ def main() -> int:
         print(f"{n:>5} | " + " | ".join(f"{cell(*marks[p][n]):>12}" for p in POLICIES))
     print("\n(advance: once silent, partition 1's watermark follows processing time minus"
           "\n 20 s, which rises slower than partition 0's event times here)")
+    print("(rows carry the watermark before them: partition 0's record of batch n shows in"
+          "\n batch n + 1)")
+    if args.plot:
+        plot(marks, args.batches, args.step_seconds, args.plot)
+        print(f"\nplot: {args.plot}")
     return 0
+
+
+def plot(marks: dict[str, list], batches: int, step: int, path: str) -> None:
+    """Each policy's watermark per batch, beside the two partitions' event times."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    x = list(range(batches))
+    ax.plot(x, [n * step for n in x], color="lightgrey", linewidth=8, solid_capstyle="round",
+            label="event time of partition 0's record in the batch", zorder=1)
+    ax.scatter([0], [2], s=120, color="darkgrey", marker="s", zorder=2,
+               label="partition 1's only record (then silent)")
+    styles = {"none": ("tab:red", "o", 0.0), "timeout": ("tab:blue", "s", 0.0),
+              "caught-up": ("tab:green", "^", 0.0), "advance": ("tab:purple", "D", 0.0)}
+    for policy in POLICIES:
+        colour, marker, _ = styles[policy]
+        values = [None if v is None else (v - base) / 1000 for v, base in marks[policy]]
+        ax.plot(x, [float("nan") if v is None else v for v in values], marker=marker,
+                color=colour, linewidth=2.2 if policy != "caught-up" else 1.2,
+                linestyle="-" if policy != "caught-up" else "--", markersize=7,
+                label=f"idle.policy={policy}", zorder=3)
+    ax.set_xlabel("micro-batch (1.5 s of silence before each; idle.timeout = 1 s, idle.maxDelay = 20 s)")
+    ax.set_ylabel("watermark on the batch's rows\n(s of event time after the first record)")
+    ax.set_xticks(x)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", fontsize=9)
+    ax.set_title("Idle policies on one real run: partition 1 falls silent after batch 0",
+                 loc="left")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -369,9 +369,10 @@ def measure_planning(spark, broker: common.Broker, counts: list[int], calls: int
             tasks = reader.partitions(start, end)
             timings.append(time.perf_counter() - t0)
             latest_s.append(t1 - t0)
-        if len(tasks) != n:
-            raise RuntimeError(f"planning {n} partitions gave {len(tasks)} tasks")
-        after = planning_after_batch(source, schema, end, tasks, calls)
+        ranges = [task for partition in tasks for task in partition.tasks]
+        if len(ranges) != n:
+            raise RuntimeError(f"planning {n} partitions gave {len(ranges)} ranges")
+        after = planning_after_batch(source, schema, end, ranges, calls)
 
         # Wire-level check: librdkafka's protocol debug log, one fresh reader, one call.
         debug_options = dict(options, **{"kafka.debug": "protocol"})
@@ -411,7 +412,7 @@ def measure_planning(spark, broker: common.Broker, counts: list[int], calls: int
     return results
 
 
-def planning_after_batch(source, schema, end: dict, tasks: list, calls: int) -> float:
+def planning_after_batch(source, schema, end: dict, ranges: list, calls: int) -> float:
     """The first ``latestOffset`` after a batch ran: it folds every task's progress record
     from the ledger (DESIGN §4) before asking the broker. The records are published here as
     the tasks would have; each call uses a fresh reader, so nothing is cached."""
@@ -421,8 +422,7 @@ def planning_after_batch(source, schema, end: dict, tasks: list, calls: int) -> 
     from kwatermark.watermarks import make_generator
 
     publisher = source.streamReader(schema)
-    for partition in tasks:
-        task = partition.task
+    for task in ranges:
         generator = make_generator(publisher.options.watermark)
         generator.on_event(common.BASE_TS_MS)
         record = ProgressRecord(generator=generator.snapshot(), count=task.end - task.start,
@@ -430,7 +430,7 @@ def planning_after_batch(source, schema, end: dict, tasks: list, calls: int) -> 
                                 max_event_ms=common.BASE_TS_MS, max_row_watermark=None)
         publisher.planner.ledger.publish(task, publisher.planner.fingerprint, record)
     timings = []
-    first = tasks[0].task
+    first = ranges[0]
     for _ in range(calls):
         reader = source.streamReader(schema)
         # A fresh AdminClient's first ListOffsets sometimes waits ~50 ms for the leader's

@@ -44,11 +44,14 @@ class ProgressRecord:
 
 
 def record_key(task: RangeTask, fingerprint: dict) -> str:
-    content = json.dumps({
+    content = {
         "topic": task.topic, "partition": task.partition, "from": task.start,
         "to": task.end, "state": task.state.to_json(), "counted": task.counted,
         "previous": task.previous_ms, "others": task.others_ms, "config": fingerprint,
-    }, sort_keys=True, separators=(",", ":"))
+    }
+    if task.floor_ms is not None:
+        content["floor"] = task.floor_ms
+    content = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(content.encode()).hexdigest()[:32]
 
 

@@ -45,11 +45,15 @@ class PartitionState:
     advanced_ms: int | None = None     # floor set by an idle policy's "advance"
     last_read_ms: int = 0              # processing time its records were last planned
     idle: str = "count"                # decision in force: "count", "exclude", "advance"
+    held: bool = False                 # watermark alignment paused it this batch (§11)
 
     def to_json(self) -> dict:
-        return {"gen": self.generator, "maxEvent": self.max_event_ms,
+        data = {"gen": self.generator, "maxEvent": self.max_event_ms,
                 "advanced": self.advanced_ms, "lastRead": self.last_read_ms,
                 "idle": self.idle}
+        if self.held:
+            data["held"] = True   # written only when true: older offsets have no such key
+        return data
 
     @classmethod
     def from_json(cls, where: str, data: object) -> PartitionState:
@@ -58,13 +62,51 @@ class PartitionState:
         idle = data.get("idle", "count")
         if idle not in ("count", "exclude", "advance"):
             raise OffsetFormatError(f"offset: {where}: unknown idle decision {idle!r}")
+        held = data.get("held", False)
+        if not isinstance(held, bool):
+            raise OffsetFormatError(f"offset: {where}: held must be true or false, got "
+                                    f"{held!r}")
         return cls(
             generator=data.get("gen"),
             max_event_ms=_optional_int(where, "maxEvent", data.get("maxEvent")),
             advanced_ms=_optional_int(where, "advanced", data.get("advanced")),
             last_read_ms=_optional_int(where, "lastRead", data.get("lastRead")) or 0,
             idle=idle,
+            held=held,
         )
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    """What the driver saw of one partition when it planned the batch (DESIGN §13); for
+    observation only: no row depends on it. JSON ``"lag"`` beside ``"state"``, absent in
+    offsets written before kwatermark 0.2 (every field then reads as None).
+
+    ``processing_wm_ms`` is the processing-time watermark: the planning time of the last
+    batch after which the partition had no unread records (every record appended before
+    then has been read). The lags are ``planned - watermark`` and ``planned -
+    processing_wm_ms`` (None while the watermark it is measured from is undefined).
+    """
+
+    watermark_ms: int | None = None       # the partition's event-time watermark at "from"
+    processing_wm_ms: int | None = None
+    event_lag_ms: int | None = None
+    processing_lag_ms: int | None = None
+    unread: int | None = None             # records from "from" to the broker's end offset
+
+    def to_json(self) -> dict:
+        return {"wm": self.watermark_ms, "procWm": self.processing_wm_ms,
+                "eventLag": self.event_lag_ms, "procLag": self.processing_lag_ms,
+                "unread": self.unread}
+
+    @classmethod
+    def from_json(cls, where: str, data: object) -> PartitionLag | None:
+        if data is None:
+            return None
+        if not isinstance(data, dict):
+            raise OffsetFormatError(f"offset: {where}: lag must be an object, got {data!r}")
+        return cls(*(_optional_int(where, name, data.get(name))
+                     for name in ("wm", "procWm", "eventLag", "procLag", "unread")))
 
 
 @dataclass(frozen=True)
@@ -72,6 +114,7 @@ class PartitionRange:
     start: int
     end: int
     state: PartitionState = field(default_factory=PartitionState)
+    lag: PartitionLag | None = None
 
 
 @dataclass(frozen=True)
@@ -80,18 +123,25 @@ class BatchOffset:
     partitions: dict[TopicPartition, PartitionRange]
     # A heartbeat batch reads no record: its one row carries `watermark` (DESIGN §10).
     heartbeat: bool = False
+    # Observation (DESIGN §13), optional for offsets of older versions: when the driver
+    # planned this batch, and which counted partition held the combined watermark then.
+    planned_ms: int | None = None
+    holder: TopicPartition | None = None
 
     def to_json(self) -> dict:
-        data = {
-            "v": OFFSET_VERSION,
-            "watermark": self.watermark,
-            "partitions": {
-                tp_key(tp): {"from": r.start, "to": r.end, "state": r.state.to_json()}
-                for tp, r in sorted(self.partitions.items())
-            },
-        }
+        partitions = {}
+        for tp, r in sorted(self.partitions.items()):
+            entry = {"from": r.start, "to": r.end, "state": r.state.to_json()}
+            if r.lag is not None:
+                entry["lag"] = r.lag.to_json()
+            partitions[tp_key(tp)] = entry
+        data = {"v": OFFSET_VERSION, "watermark": self.watermark, "partitions": partitions}
         if self.heartbeat:
             data["heartbeat"] = True
+        if self.planned_ms is not None:
+            data["plannedAt"] = self.planned_ms
+        if self.holder is not None:
+            data["holder"] = tp_key(self.holder)
         return data
 
     def dumps(self) -> str:
@@ -123,12 +173,16 @@ class BatchOffset:
             if start is None or end is None or start < 0 or end < start:
                 raise OffsetFormatError(f"offset: {key}: invalid range from={start} to={end}")
             partitions[tp] = PartitionRange(start, end, PartitionState.from_json(
-                key, entry.get("state", {})))
+                key, entry.get("state", {})), PartitionLag.from_json(key, entry.get("lag")))
         heartbeat = data.get("heartbeat", False)
         if not isinstance(heartbeat, bool):
             raise OffsetFormatError(f"offset: heartbeat must be true or false, got {heartbeat!r}")
+        holder = data.get("holder")
+        if holder is not None and not isinstance(holder, str):
+            raise OffsetFormatError(f"offset: holder must be 'topic:partition', got {holder!r}")
         return cls(_optional_int("offset", "watermark", data.get("watermark")), partitions,
-                   heartbeat)
+                   heartbeat, _optional_int("offset", "plannedAt", data.get("plannedAt")),
+                   parse_tp_key(holder) if holder is not None else None)
 
 
 def _optional_int(where: str, name: str, value: object) -> int | None:
@@ -140,20 +194,45 @@ def _optional_int(where: str, name: str, value: object) -> int | None:
 
 
 def rate_limit(begins: dict[TopicPartition, int], ends: dict[TopicPartition, int],
-               max_rows: int) -> dict[TopicPartition, int]:
-    """Split ``max_rows`` across partitions in proportion to their lag, never exceeding it.
+               max_rows: int, priority: dict[TopicPartition, int] | None = None
+               ) -> dict[TopicPartition, int]:
+    """Spend ``max_rows`` so that no partition with unread records is starved and the
+    partitions holding the combined watermark are served first (DESIGN §11).
 
-    Shares are floored, and the rows left over go to the largest remainders (ties: larger
-    lag, then topic/partition order). Unlike Spark, which rounds small shares up to 1 and can
-    overshoot the limit, the total here never exceeds ``max_rows``.
+    Every partition with unread records gets one record; the rest of the budget goes to the
+    partitions in ``priority`` order (lower first: the planner passes each partition's
+    watermark, so an undefined one, ``UNDEFINED``, comes first). Partitions of equal priority
+    share what reaches them in proportion to their lag (:func:`proportional`); with no
+    ``priority`` that is every partition, as in Spark. The total exceeds ``max_rows`` only when
+    more partitions have unread records than ``max_rows``, and then by less than their number.
     """
     lags = {tp: ends[tp] - begins[tp] for tp in ends if ends[tp] > begins[tp]}
-    total = sum(lags.values())
-    if total <= max_rows:
+    if sum(lags.values()) <= max_rows:
         return dict(ends)
-    shares = {tp: max_rows * lag / total for tp, lag in lags.items()}
+    taken = dict.fromkeys(lags, 1)
+    budget = max_rows - len(lags)
+    rank = priority or {}
+    for level in sorted({rank.get(tp, 0) for tp in lags}):
+        if budget <= 0:
+            break
+        rest = {tp: lag - 1 for tp, lag in lags.items() if rank.get(tp, 0) == level}
+        share = proportional(rest, min(budget, sum(rest.values())))
+        for tp, n in share.items():
+            taken[tp] += n
+        budget -= sum(share.values())
+    return {tp: begins[tp] + taken[tp] if tp in taken else ends[tp] for tp in ends}
+
+
+def proportional(lags: dict[TopicPartition, int], rows: int) -> dict[TopicPartition, int]:
+    """Split ``rows`` (at most the total lag) in proportion to lag, exactly: shares are
+    floored and the rows left over go to the largest remainders (ties: larger lag, then
+    topic/partition order)."""
+    total = sum(lags.values())
+    if total == 0 or rows <= 0:
+        return dict.fromkeys(lags, 0)
+    shares = {tp: rows * lag / total for tp, lag in lags.items()}
     taken = {tp: min(lags[tp], math.floor(share)) for tp, share in shares.items()}
-    left = max_rows - sum(taken.values())
+    left = rows - sum(taken.values())
     by_remainder = sorted(lags, key=lambda tp: (-(shares[tp] - taken[tp]), -lags[tp], tp))
     for tp in by_remainder:
         if left <= 0:
@@ -161,7 +240,25 @@ def rate_limit(begins: dict[TopicPartition, int], ends: dict[TopicPartition, int
         if taken[tp] < lags[tp]:
             taken[tp] += 1
             left -= 1
-    return {tp: begins[tp] + taken[tp] if tp in taken else ends[tp] for tp in ends}
+    return taken
+
+
+def held_by_alignment(watermarks: dict[TopicPartition, int], unread: dict[TopicPartition, int],
+                      counted: dict[TopicPartition, bool], max_drift_ms: int
+                      ) -> set[TopicPartition]:
+    """Watermark alignment (DESIGN §11): the counted partitions with unread records whose
+    watermark is more than ``max_drift_ms`` above the *alignment floor*, the lowest watermark
+    of a counted partition that has unread records.
+
+    A partition with nothing unread is not part of the floor, so a silent partition never holds
+    the others back; the partition at the floor is never held, so some partition always reads.
+    ``watermarks`` use ``UNDEFINED`` for an undefined one, which is the lowest.
+    """
+    active = [tp for tp, n in unread.items() if n > 0 and counted.get(tp, True)]
+    if not active:
+        return set()
+    floor = min(watermarks[tp] for tp in active)
+    return {tp for tp in active if watermarks[tp] - floor > max_drift_ms}
 
 
 @dataclass(frozen=True)
@@ -177,7 +274,9 @@ class RangeTask:
     counted: bool
     previous_ms: int | None   # combined watermark at the batch start
     others_ms: int            # min over the other counted partitions (watermarks.UNDEFINED /
-    # NO_PARTITIONS sentinels included)
+    # NO_PARTITIONS sentinels included); with watermark.combine=percentile, the ceiling of
+    # watermarks.row_bounds
+    floor_ms: int | None = None   # percentile only: the floor of watermarks.row_bounds
 
     @property
     def tp(self) -> TopicPartition:
@@ -222,3 +321,38 @@ def with_state(offset: BatchOffset, tp: TopicPartition, **changes) -> BatchOffse
     current = partitions[tp]
     partitions[tp] = replace(current, state=replace(current.state, **changes))
     return replace(offset, partitions=partitions)
+
+
+def pack_tasks(tasks: list[RangeTask], min_records: int | None, min_partitions: int | None,
+               max_records: int | None) -> list[tuple[RangeTask, ...]]:
+    """Group consecutive ranges into Spark tasks of at least ``min_records`` records.
+
+    Spark pays a fixed cost per Python task (~30 ms here, DESIGN §12), so many small ranges
+    are cheaper read by one task. The ranges themselves are untouched: each keeps its own
+    start state, rows and progress record, so packing changes only which Spark task reads
+    what. Deterministic in ``tasks`` (a replayed batch packs the same way). A pack is closed
+    once it holds ``min_records``; it never grows past ``maxRecordsPerPartition`` nor past
+    an even share of the batch among ``minPartitions`` tasks, and there are never fewer
+    packs than ``min(minPartitions, len(tasks))``. ``min_records`` of None or 1 packs nothing.
+    """
+    if not min_records or min_records <= 1 or len(tasks) <= 1:
+        return [(task,) for task in tasks]
+    wanted = min(min_partitions or 1, len(tasks))
+    cap = max_records or math.inf
+    if wanted > 1:
+        total = sum(t.end - t.start for t in tasks)
+        cap = min(cap, math.ceil(total / wanted))
+    packs: list[list[RangeTask]] = []
+    filled = 0
+    for placed, task in enumerate(tasks):
+        size = task.end - task.start
+        left = len(tasks) - placed   # this one included
+        joinable = (packs and filled < min_records and filled + size <= cap
+                    and len(packs) + left - 1 >= wanted)
+        if joinable:
+            packs[-1].append(task)
+            filled += size
+        else:
+            packs.append([task])
+            filled = size
+    return [tuple(pack) for pack in packs]

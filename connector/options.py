@@ -8,11 +8,13 @@ message naming the option. See docs/options.md.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from difflib import get_close_matches
 
 from kwatermark.errors import OptionError
@@ -31,12 +33,16 @@ SPARK_KAFKA_OPTIONS = (
 KWATERMARK_OPTIONS = (
     "eventTime.field", "eventTime.assigner",
     "watermark.strategy", "watermark.maxOutOfOrderness", "watermark.punctuation",
-    "watermark.stateLocation", "watermark.heartbeat",
+    "watermark.maxTimeLag", "watermark.combine", "watermark.percentile",
+    "watermark.stateLocation", "watermark.heartbeat", "watermark.alignment.maxDrift",
     "idle.policy", "idle.timeout", "idle.maxDelay",
     "lateRecords", "allowedLateness",
     "key.format", "value.format", "key.onError", "value.onError",
-    "arrow.maxRecordsPerBatch",
+    "arrow.maxRecordsPerBatch", "minRecordsPerPartition",
 )
+# Spark pays ~30 ms per Python task: below this many records a range shares its task with
+# others (bench/README.md, "many partitions").
+DEFAULT_MIN_RECORDS_PER_PARTITION = 20_000
 # Serde options are open-ended (schemas, registry auth); they are validated by kwatermark.serde.
 SERDE_PREFIXES = ("key.avro.", "value.avro.", "key.json.", "value.json.",
                   "key.schema.registry.", "value.schema.registry.")
@@ -65,7 +71,8 @@ REJECTED_KAFKA_KEYS = {
 
 SECRET_MARKERS = ("password", "secret", "jaas", "user.info", "token", "credentials")
 
-STRATEGIES = ("monotonous", "bounded", "punctuated", "none")
+STRATEGIES = ("monotonous", "bounded", "punctuated", "timelag", "none")
+COMBINES = ("min", "percentile")
 IDLE_POLICIES = ("none", "timeout", "caught-up", "advance")
 LATE_MODES = ("keep", "flag", "drop")
 ON_ERROR_MODES = ("fail", "null")
@@ -148,6 +155,25 @@ def _parse_choice(option: str, text: str, choices: tuple[str, ...], plugin: bool
     raise OptionError(f"option {option}: unknown value {text!r}; accepted: {accepted}")
 
 
+def _parse_percentile(option: str, text: str) -> str:
+    """A percentile p in (0, 100], normalised (``"50.0"`` -> ``"50"``)."""
+    try:
+        value = Decimal(text.strip())
+    except InvalidOperation:
+        raise OptionError(f"option {option}: expected a number in (0, 100], e.g. '50' or "
+                          f"'99.5', got {text!r}") from None
+    if not value.is_finite() or not 0 < value <= 100:
+        raise OptionError(f"option {option}: must be in (0, 100] (100 is the minimum over "
+                          f"partitions, 50 the median), got {text!r}")
+    normal = value.normalize()
+    return f"{normal:f}"
+
+
+def percentile_rank(percentile: str, n: int) -> int:
+    """k = ceil(p * n / 100): the combined watermark is the k-th largest of n (DESIGN §13)."""
+    return max(1, math.ceil(Decimal(percentile) * n / 100)) if n else 0
+
+
 def _parse_json(option: str, text: str) -> object:
     try:
         return json.loads(text)
@@ -210,14 +236,24 @@ class WatermarkConfig:
     event_time_field: str | None = None
     event_time_assigner: str | None = None
     plugin_options: tuple[tuple[str, str], ...] = ()
+    max_time_lag_ms: int = 0           # watermark.maxTimeLag, for timelag (DESIGN §13)
+    # watermark.combine=percentile: the percentile as given, e.g. "50" or "99.5"; "100" is
+    # the minimum. Kept as text so ceil(p * n / 100) is exact (Decimal), not float-rounded.
+    percentile: str = "100"
 
     def fingerprint(self) -> dict:
         """What a partition's watermark state depends on (keys the progress ledger)."""
-        return {
+        data = {
             "strategy": self.strategy, "bound": self.max_out_of_orderness_ms,
             "punctuation": self.punctuation, "field": self.event_time_field,
             "assigner": self.event_time_assigner, "options": list(self.plugin_options),
         }
+        # Only when set, so the keys of records written before these options existed hold.
+        if self.strategy == "timelag":
+            data["timeLag"] = self.max_time_lag_ms
+        if self.percentile != "100":
+            data["percentile"] = self.percentile
+        return data
 
 
 @dataclass(frozen=True)
@@ -244,6 +280,8 @@ class SourceOptions:
     max_trigger_delay_ms: int = 15 * 60_000
     min_partitions: int | None = None
     max_records_per_partition: int | None = None
+    # Ranges smaller than this share a Spark task (DESIGN §12); 1 = one task per range.
+    min_records_per_partition: int = DEFAULT_MIN_RECORDS_PER_PARTITION
     include_headers: bool = False
     poll_timeout_ms: int = 120_000
     fetch_offset_retries: int = 3
@@ -255,6 +293,7 @@ class SourceOptions:
     late_records: str = "keep"
     allowed_lateness_ms: int = 0
     heartbeat: bool = False            # watermark.heartbeat: watermark-only batches (§10)
+    alignment_max_drift_ms: int | None = None  # watermark.alignment.maxDrift (§11); None = off
     state_location: str = ""
     state_location_is_default: bool = False   # unset: the driver's temp directory
     serde_options: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # secrets
@@ -382,6 +421,24 @@ def _kafka_conf(opts: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(conf))
 
 
+def _alignment(opts: Mapping[str, str], strategy: str, streaming: bool | None) -> int | None:
+    """``watermark.alignment.maxDrift``: a duration, unset = off (DESIGN §11)."""
+    name = "watermark.alignment.maxDrift"
+    if name not in opts:
+        return None
+    if not opts[name].strip():
+        raise OptionError(f"option {name}: empty; give a duration such as '5 minutes', or "
+                          f"leave the option unset to turn alignment off")
+    drift = parse_duration_ms(name, opts[name])
+    if strategy == "none":
+        raise OptionError(f"option {name} needs event-time watermarks, but watermark.strategy "
+                          f"is 'none'; choose a strategy or leave {name} unset")
+    if streaming is False:
+        raise OptionError(f"option {name} applies to streaming queries only; a batch read "
+                          f"(spark.read) reads the whole range in one batch")
+    return drift
+
+
 def default_state_location() -> str:
     return os.path.join(tempfile.gettempdir(), "kwatermark-ledger")
 
@@ -430,7 +487,26 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> S
     if field_path and value_format in ("binary", "string"):
         raise OptionError("option eventTime.field needs a structured value.format "
                           "(json, avro or avro-confluent)")
+    if strategy == "timelag" and "watermark.maxTimeLag" not in opts:
+        raise OptionError("option watermark.maxTimeLag is required when watermark.strategy "
+                          "is 'timelag' (how far the watermark trails processing time, e.g. "
+                          "'30 seconds')")
+    if "watermark.maxTimeLag" in opts and strategy != "timelag":
+        raise OptionError(f"option watermark.maxTimeLag applies to watermark.strategy="
+                          f"timelag only (the strategy is {strategy!r})")
+    combine = _parse_choice("watermark.combine", opts.get("watermark.combine", "min"),
+                            COMBINES)
+    if combine == "percentile" and "watermark.percentile" not in opts:
+        raise OptionError("option watermark.percentile is required when watermark.combine is "
+                          "'percentile' (a number in (0, 100], e.g. '50' for the median)")
+    if "watermark.percentile" in opts and combine != "percentile":
+        raise OptionError("option watermark.percentile applies to watermark.combine="
+                          "percentile only; set watermark.combine=percentile as well")
     watermark = WatermarkConfig(
+        max_time_lag_ms=parse_duration_ms("watermark.maxTimeLag",
+                                          opts.get("watermark.maxTimeLag", "0")),
+        percentile=(_parse_percentile("watermark.percentile", opts["watermark.percentile"])
+                    if combine == "percentile" else "100"),
         strategy=strategy,
         max_out_of_orderness_ms=parse_duration_ms(
             "watermark.maxOutOfOrderness", opts.get("watermark.maxOutOfOrderness", "0")),
@@ -470,6 +546,7 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> S
                           "apply to batch queries only (spark.read), as in Spark")
 
     state_location = opts.get("watermark.stateLocation") or default_state_location()
+    max_drift = _alignment(opts, strategy, streaming)
     return SourceOptions(
         bootstrap_servers=servers,
         kafka_conf=kafka_conf,
@@ -488,6 +565,9 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> S
                                                opts.get("maxTriggerDelay", "15m")),
         min_partitions=optional_int("minPartitions", 1),
         max_records_per_partition=optional_int("maxRecordsPerPartition", 1),
+        min_records_per_partition=_parse_int(
+            "minRecordsPerPartition",
+            opts.get("minRecordsPerPartition", str(DEFAULT_MIN_RECORDS_PER_PARTITION)), 1),
         include_headers=_parse_bool("includeHeaders", opts.get("includeHeaders", "false")),
         poll_timeout_ms=_parse_int("kafkaConsumer.pollTimeoutMs",
                                    opts.get("kafkaConsumer.pollTimeoutMs", "120000"), 1),
@@ -503,6 +583,7 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> S
         allowed_lateness_ms=parse_duration_ms("allowedLateness",
                                               opts.get("allowedLateness", "0")),
         heartbeat=_parse_bool("watermark.heartbeat", opts.get("watermark.heartbeat", "false")),
+        alignment_max_drift_ms=max_drift,
         state_location=state_location,
         state_location_is_default=not opts.get("watermark.stateLocation"),
         serde_options=tuple(sorted((k, v) for k, v in opts.items()

@@ -15,10 +15,13 @@ from kwatermark.errors import DataLossError, OptionError
 from kwatermark.ledger import ProgressLedger, ProgressRecord
 from kwatermark.offsets import (
     BatchOffset,
+    PartitionLag,
     PartitionRange,
     PartitionState,
     RangeTask,
     TopicPartition,
+    held_by_alignment,
+    pack_tasks,
     plan_splits,
     rate_limit,
 )
@@ -32,8 +35,11 @@ from kwatermark.watermarks import (
     current_ms,
     emitted,
     from_optional,
+    holder,
     make_generator,
+    plan_generator,
     restore_generator,
+    row_bounds,
     to_optional,
 )
 
@@ -46,6 +52,39 @@ MISSING_WARNING_EVERY_MS = 10 * 60_000
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def observe_lags(start: BatchOffset, partitions: dict[TopicPartition, PartitionRange],
+                 marks: dict[TopicPartition, int], latest: dict[TopicPartition, int], now: int
+                 ) -> dict[TopicPartition, PartitionRange]:
+    """Each partition's event-time and processing lag as the driver sees them at ``now``
+    (DESIGN §13), from the batch before (``start``) and the broker's end offsets.
+
+    The processing-time watermark moves to the planning time of the previous batch when that
+    batch planned everything the partition had then (it has run since: every record appended
+    before it was planned has been read), and to ``now`` when nothing is unread now.
+    """
+    observed = {}
+    for tp, r in partitions.items():
+        before = start.partitions.get(tp)
+        candidates = []
+        if before is not None and before.lag is not None:
+            candidates.append(before.lag.processing_wm_ms)
+            if (start.planned_ms is not None and before.lag.unread is not None
+                    and before.end - before.start == before.lag.unread):
+                candidates.append(start.planned_ms)
+        unread = max(0, latest.get(tp, r.start) - r.start)
+        if unread == 0:
+            candidates.append(now)
+        known = [c for c in candidates if c is not None]
+        processing_wm = max(known) if known else None
+        watermark = to_optional(marks[tp])
+        observed[tp] = replace(r, lag=PartitionLag(
+            watermark_ms=watermark, processing_wm_ms=processing_wm,
+            event_lag_ms=None if watermark is None else now - watermark,
+            processing_lag_ms=None if processing_wm is None else now - processing_wm,
+            unread=unread))
+    return observed
 
 
 @dataclass(frozen=True)
@@ -183,33 +222,48 @@ class BatchPlanner:
         if self._target is not None:
             ends = {tp: min(end, self._target.get(tp, begins[tp])) for tp, end in ends.items()}
             ends = {tp: max(end, begins[tp]) for tp, end in ends.items()}
-        if limits.max_rows is not None:
-            ends = rate_limit(begins, ends, limits.max_rows)
+        now = now_ms()
+        ends, held = self._admit(begins, ends, states, limits, now)
         available = sum(ends[tp] - begins[tp] for tp in ends)
         if available == 0 and not self.options.heartbeat:
             return None
-        now = now_ms()
         if available and self._held_back(limits, available, now):
             return None
         partitions = {}
         for tp in sorted(ends):
             base = states.get(tp) or PartitionState(last_read_ms=now)
-            planned = ends[tp] > begins[tp]
-            state = self._decide(tp, replace(base, last_read_ms=now if planned
-                                             else base.last_read_ms),
+            if available:
+                # Clock-driven generators (timelag) take the planning time into their state,
+                # hence into the offset: a replay sees the same time (DESIGN §13). The clock
+                # alone never plans a batch, so heartbeat batches do not tick it.
+                base = self._clocked(base, now)
+            # A held partition is paused on purpose, not idle: it counts as read.
+            read = ends[tp] > begins[tp] or tp in held
+            state = self._decide(tp, replace(base, last_read_ms=now if read
+                                             else base.last_read_ms, held=tp in held),
                                  unread=latest[tp] - begins[tp], now=now)
             partitions[tp] = PartitionRange(begins[tp], ends[tp], state)
-        counted = [self.partition_watermark(r.state) for r in partitions.values()
-                   if r.state.idle != idle.EXCLUDE]
+        marks = {tp: self.partition_watermark(r.state) for tp, r in partitions.items()}
+        counted = {tp: marks[tp] for tp, r in partitions.items() if r.state.idle != idle.EXCLUDE}
+        percentile = self.options.watermark.percentile
         previous = max(from_optional(start.watermark), emitted_max)
-        watermark = emitted(previous, combined_watermark(counted))
+        watermark = emitted(previous, combined_watermark(list(counted.values()), percentile))
+        partitions = observe_lags(start, partitions, marks, latest, now)
+        holds = holder(counted, percentile)
         if available == 0:
             # Nothing to read, but the watermark the last batch's rows carried is behind what
             # its records (or an idle decision since) reached: one batch carries it (§10).
-            return (BatchOffset(to_optional(watermark), partitions, heartbeat=True)
+            return (BatchOffset(to_optional(watermark), partitions, heartbeat=True,
+                                planned_ms=now, holder=holds)
                     if watermark > previous else None)
         self._last_trigger_ms = now
-        return BatchOffset(to_optional(watermark), partitions)
+        return BatchOffset(to_optional(watermark), partitions, planned_ms=now, holder=holds)
+
+    def _clocked(self, state: PartitionState, now: int) -> PartitionState:
+        generator = restore_generator(self.options.watermark, state.generator)
+        if not plan_generator(generator, now):
+            return state
+        return replace(state, generator=generator.snapshot())
 
     def _begins(self, start: BatchOffset, current: list[TopicPartition]
                 ) -> dict[TopicPartition, int]:
@@ -222,6 +276,43 @@ class BatchPlanner:
             log.info("new partitions %s are read from their earliest offsets", new)
             begins.update(self.metadata.earliest_offsets(new))
         return begins
+
+    def _admit(self, begins: dict[TopicPartition, int], ends: dict[TopicPartition, int],
+               states: dict[TopicPartition, PartitionState], limits: ReadLimits, now: int
+               ) -> tuple[dict[TopicPartition, int], set[TopicPartition]]:
+        """What each partition may read this trigger (DESIGN §11): watermark alignment pauses
+        the partitions too far ahead, then the read limit serves the lowest watermarks
+        first without starving anyone. Returns the ends and the paused partitions."""
+        marks, counted = {}, {}
+        for tp in ends:
+            state = states.get(tp) or PartitionState(last_read_ms=now)
+            marks[tp] = self.partition_watermark(state)
+            counted[tp] = state.idle != idle.EXCLUDE
+        held: set[TopicPartition] = set()
+        drift = self.options.alignment_max_drift_ms
+        if drift is not None:
+            readable = {tp: ends[tp] - begins[tp] for tp in ends}
+            held = held_by_alignment(marks, readable, counted, drift)
+            if held:
+                self._log_held(held, marks, readable, counted)
+                ends = {tp: begins[tp] if tp in held else end for tp, end in ends.items()}
+        if limits.max_rows is not None:
+            # Excluded partitions hold nothing: after every counted one.
+            priority = {tp: marks[tp] if counted[tp] else NO_PARTITIONS for tp in ends}
+            ends = rate_limit(begins, ends, limits.max_rows, priority)
+        return ends, held
+
+    def _log_held(self, held: set[TopicPartition], marks: dict[TopicPartition, int],
+                  readable: dict[TopicPartition, int], counted: dict[TopicPartition, bool]
+                  ) -> None:
+        floor = min(marks[tp] for tp in readable if readable[tp] > 0 and counted[tp])
+        log.info(
+            "watermark alignment (watermark.alignment.maxDrift=%d ms): holding %s, more than "
+            "maxDrift above the alignment floor %s; they read nothing this trigger",
+            self.options.alignment_max_drift_ms,
+            ", ".join(f"topic {t} partition {p} (watermark {to_optional(marks[(t, p)])}, "
+                      f"{readable[(t, p)]} unread)" for t, p in sorted(held)),
+            to_optional(floor))
 
     def _held_back(self, limits: ReadLimits, available: int, now: int) -> bool:
         """``minOffsetsPerTrigger``: wait for more records, at most ``maxTriggerDelay``."""
@@ -264,6 +355,9 @@ class BatchPlanner:
         marks = {tp: self.partition_watermark(r.state) for tp, r in offset.partitions.items()}
         counted = {tp: r.state.idle != idle.EXCLUDE for tp, r in offset.partitions.items()}
         lowest = sorted((marks[tp], tp) for tp in marks if counted[tp])[:2]
+        percentile = self.options.watermark.percentile
+        bounds = (row_bounds(marks, {tp for tp in marks if counted[tp]}, percentile)
+                  if percentile != "100" else None)
         splits = plan_splits({tp: (r.start, r.end) for tp, r in offset.partitions.items()},
                              self.options.min_partitions,
                              self.options.max_records_per_partition,
@@ -271,11 +365,22 @@ class BatchPlanner:
         tasks = []
         for tp, pieces in sorted(splits.items()):
             others = [m for m, owner in lowest if owner != tp][:1]
+            ceiling, floor = (others[0] if others else NO_PARTITIONS), None
+            if bounds is not None:
+                floor, ceiling = bounds[tp]
+                floor = to_optional(floor)
             for start, end in pieces:
                 tasks.append(RangeTask(
                     tp[0], tp[1], start, end, offset.partitions[tp].state, counted[tp],
-                    offset.watermark, others[0] if others else NO_PARTITIONS))
+                    offset.watermark, ceiling, floor))
         return tasks
+
+    def packed_tasks(self, offset: BatchOffset) -> list[tuple[RangeTask, ...]]:
+        """The ranges of ``tasks(offset)`` grouped into Spark tasks (``minRecordsPerPartition``,
+        DESIGN §12). Packing changes which task reads a range, never the range's rows or
+        progress record, so ``fold`` works on ``tasks`` alone."""
+        return pack_tasks(self.tasks(offset), self.options.min_records_per_partition,
+                          self.options.min_partitions, self.options.max_records_per_partition)
 
     def fold(self, offset: BatchOffset) -> tuple[dict[TopicPartition, PartitionState], int]:
         """Each partition's state at ``to`` of the batch ending at ``offset``, and the highest

@@ -230,7 +230,7 @@ class RangeReader:
         own_before = watermarks_before(self.generator, event_times, block)
         own_before = np.maximum(own_before, self.advanced)
         rows = row_watermarks(own_before, self.task.others_ms, self.previous,
-                              self.task.counted)
+                              self.task.counted, from_optional(self.task.floor_ms))
         self._account(event_times, rows, len(block))
         columns += [arrow.timestamps(event_times), arrow.timestamps(rows)]
         if self.layout.heartbeat:
@@ -319,3 +319,184 @@ def _trip_fault(task: RangeTask) -> None:
         pass
     raise RuntimeError(f"injected test fault: topic {task.topic}, partition {task.partition}, "
                        f"range [{task.start}, {task.end})")
+
+
+class _Pending:
+    """One range of a pack while it is being read: its reader and the records not yet
+    turned into a block."""
+
+    def __init__(self, reader: RangeReader, start: int, end: int, with_headers: bool):
+        self.reader = reader
+        self.position = start
+        self.end = end
+        self.fault = _fault_point(reader.task)
+        self.with_headers = with_headers
+        self._clear()
+
+    def _clear(self) -> None:
+        self.keys, self.values, self.offsets, self.ts, self.types = [], [], [], [], []
+        self.headers = [] if self.with_headers else None
+
+    @property
+    def done(self) -> bool:
+        return self.position >= self.end
+
+    def block(self) -> RecordBlock:
+        task = self.reader.task
+        block = RecordBlock(
+            task.topic, task.partition, self.keys, self.values,
+            np.asarray(self.offsets, dtype=np.int64), np.asarray(self.ts, dtype=np.int64),
+            np.asarray(self.types, dtype=np.int32),
+            [_header_pairs(h) for h in self.headers] if self.headers is not None else None)
+        self._clear()
+        return block
+
+
+class PackReader:
+    """Iterate the Arrow batches of several ranges (one Spark task, DESIGN §12) with one
+    consumer assigned to all of their partitions, so one fetch serves them all.
+
+    Each range keeps its own ``RangeReader``: its own start state, rows and progress record,
+    exactly as if it were a task of its own. ``progress`` lists ``(task, record)`` pairs once
+    every range is done.
+
+    >>> reader = PackReader(options, layout, decoders, tasks)   # doctest: +SKIP
+    >>> for batch in reader: ...
+    >>> for task, record in reader.progress: ledger.publish(task, fingerprint, record)
+    """
+
+    def __init__(self, options: SourceOptions, layout: arrow.OutputLayout, decoders: Decoders,
+                 tasks: list[RangeTask]):
+        self.options = options
+        self.layout = layout
+        self.readers = [RangeReader(options, layout, decoders, task) for task in tasks]
+        self.progress: list[tuple[RangeTask, ProgressRecord]] | None = None
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        planned = sum(max(0, r.task.end - r.task.start) for r in self.readers)
+        if planned:
+            consumer = open_consumer(self.options, planned)
+            try:
+                yield from self._read(consumer)
+            finally:
+                consumer.close()
+        self.progress = [(r.task, r._progress()) for r in self.readers]
+
+    def _read(self, consumer: Consumer) -> Iterator[pa.RecordBatch]:
+        # A partition's sub-ranges (minPartitions) in one pack are contiguous and in offset
+        # order: the partition is assigned once, at the first one's start.
+        lanes: dict[tuple[str, int], list[_Pending]] = {}
+        for reader in self.readers:
+            if reader.task.end <= reader.task.start:
+                continue
+            start, end = reader._check_range(consumer)
+            lanes.setdefault(reader.task.tp, []).append(
+                _Pending(reader, start, end, self.layout.include_headers))
+        for lane in lanes.values():
+            lane[:] = [p for p in lane if not p.done]
+        lanes = {tp: lane for tp, lane in lanes.items() if lane}
+        if not lanes:
+            return
+        consumer.assign([KafkaTP(t, p, lane[0].position) for (t, p), lane in lanes.items()])
+        size = self.options.max_records_per_batch
+        timeout = self.options.poll_timeout_ms / 1000.0
+        remaining = sum(p.end - p.position for lane in lanes.values() for p in lane)
+        while lanes:
+            # Exactly what is left: consume() waits for as many messages as it is asked for.
+            messages = consumer.consume(max(1, min(size, remaining)), timeout)
+            if not messages:
+                waiting = next(iter(lanes.values()))[0]
+                task = waiting.reader.task
+                raise BrokerError(
+                    f"topic {task.topic}, partition {task.partition}: no records at offset "
+                    f"{waiting.position} (range ends at {waiting.end}) within "
+                    f"kafkaConsumer.pollTimeoutMs={self.options.poll_timeout_ms} from "
+                    f"kafka.bootstrap.servers={self.options.bootstrap_servers!r}")
+            for message in messages:
+                tp = (message.topic(), message.partition())
+                lane = lanes.get(tp)
+                if lane is None:
+                    continue  # a partition already done (paused) or not ours
+                error = message.error()
+                if error is not None:
+                    remaining -= self._on_error(error, message, lane)
+                else:
+                    remaining -= self._take(message, lane)
+                for pending in [p for p in lane if p.done or len(p.offsets) >= size]:
+                    if pending.offsets:
+                        batch = pending.reader._process(pending.block())
+                        if batch.num_rows:
+                            yield batch
+                lane[:] = [p for p in lane if not p.done]
+                if not lane:
+                    del lanes[tp]
+                    consumer.pause([KafkaTP(*tp)])
+            self._trip_faults(lanes)
+
+    @staticmethod
+    def _take(message, lane: list[_Pending]) -> int:
+        """File one record under the range it belongs to; returns the offsets it covers."""
+        offset = message.offset()
+        covered = 0
+        for pending in lane:
+            if pending.done:
+                continue
+            if offset >= pending.end:
+                covered += pending.end - pending.position
+                pending.position = pending.end
+                continue
+            if offset < pending.position:
+                return covered   # before this range (a gap left by data loss)
+            pending.keys.append(message.key())
+            pending.values.append(message.value())
+            pending.offsets.append(offset)
+            kind, stamp = message.timestamp()
+            pending.types.append(kind - 1)  # librdkafka 1/2 -> Kafka's Java ids 0/1
+            pending.ts.append(stamp)
+            if pending.headers is not None:
+                pending.headers.append(message.headers())
+            covered += offset + 1 - pending.position
+            pending.position = offset + 1
+            return covered
+        return covered
+
+    @staticmethod
+    def _on_error(error: KafkaError, message, lane: list[_Pending]) -> int:
+        """As ``RangeReader._on_error``, for every range of the partition still open."""
+        code = error.code()
+        if code not in (KafkaError._PARTITION_EOF, KafkaError._AUTO_OFFSET_RESET,
+                        KafkaError.OFFSET_OUT_OF_RANGE):
+            first = lane[0]
+            task = first.reader.task
+            raise BrokerError(f"topic {task.topic}, partition {task.partition}, offset "
+                              f"{first.position}: {error.str()}")
+        covered = 0
+        for pending in lane:
+            if pending.done:
+                continue
+            if code == KafkaError._PARTITION_EOF:
+                # Every record before the log's end has been delivered: past `end`, the
+                # range's last offsets were gaps (compaction, transaction markers).
+                if message.offset() < pending.end:
+                    pending.reader._data_loss(
+                        f"the partition ended at offset {message.offset()} while offsets up "
+                        f"to {pending.end} were planned")
+            else:
+                pending.reader._data_loss(f"offset {pending.position} is out of range: "
+                                          f"{error.str()}")
+            covered += pending.end - pending.position
+            pending.position = pending.end
+        return covered
+
+    def _trip_faults(self, lanes: dict[tuple[str, int], list[_Pending]]) -> None:
+        """Tests only: a pack's first attempt fails once, mid-range, like a task's."""
+        for lane in lanes.values():
+            for pending in lane:
+                if pending.fault is not None and pending.position > pending.fault:
+                    directory = os.environ[FAULT_ENV]
+                    for other in self.readers:
+                        task = other.task
+                        with open(os.path.join(directory, f"{task.topic}-{task.partition}-"
+                                                          f"{task.start}"), "w"):
+                            pass
+                    _trip_fault(pending.reader.task)

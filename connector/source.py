@@ -35,16 +35,18 @@ from kwatermark.errors import OptionError
 from kwatermark.offsets import BatchOffset, RangeTask
 from kwatermark.options import SourceOptions, parse_options
 from kwatermark.planner import BatchPlanner, ReadLimits
-from kwatermark.reader import Decoders, RangeReader
+from kwatermark.reader import Decoders, PackReader, RangeReader
 
 
 class RangePartition(InputPartition):
-    """One range. A streaming task publishes its progress record (a batch read has no next
-    batch to plan); ``ledger_mark`` is the driver's mark in the default progress location."""
+    """One Spark task: one or more ranges read by one consumer (packing, DESIGN §12). A
+    streaming task publishes its progress records (a batch read has no next batch to plan);
+    ``ledger_mark`` is the driver's mark in the default progress location."""
 
-    def __init__(self, task: RangeTask, publish: bool = False, ledger_mark: str | None = None):
-        super().__init__(task)
-        self.task = task
+    def __init__(self, tasks: tuple[RangeTask, ...], publish: bool = False,
+                 ledger_mark: str | None = None):
+        super().__init__(tasks)
+        self.tasks = tasks
         self.publish = publish
         self.ledger_mark = ledger_mark
 
@@ -173,10 +175,17 @@ def _read(options: SourceOptions, layout: OutputLayout, decoders: Decoders, plan
         return  # Spark's stand-in when partitions() is empty (nothing to read): no rows
     if partition.publish:
         planner.ledger.require_shared(partition.ledger_mark)
-    reader = RangeReader(options, layout, decoders, partition.task)
-    yield from reader
+    if len(partition.tasks) == 1:
+        reader = RangeReader(options, layout, decoders, partition.tasks[0])
+        yield from reader
+        progress = [(partition.tasks[0], reader.progress)]
+    else:
+        pack = PackReader(options, layout, decoders, list(partition.tasks))
+        yield from pack
+        progress = pack.progress
     if partition.publish:
-        planner.ledger.offer(partition.task, planner.fingerprint, reader.progress)
+        for task, record in progress:
+            planner.ledger.offer(task, planner.fingerprint, record)
 
 
 class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -217,7 +226,7 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if offset.heartbeat:
             return [HeartbeatPartition(offset.watermark)]
         mark = self.planner.ledger.driver_mark()
-        return [RangePartition(task, True, mark) for task in self.planner.tasks(offset)]
+        return [RangePartition(tasks, True, mark) for tasks in self.planner.packed_tasks(offset)]
 
     def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, self.layout, self.decoders, self.planner, partition)
@@ -237,7 +246,8 @@ class KWatermarkBatchReader(DataSourceReader):
         self.planner = BatchPlanner(options, layout, decoders)
 
     def partitions(self) -> list[RangePartition]:
-        return [RangePartition(task) for task in self.planner.tasks(self.planner.batch_offset())]
+        offset = self.planner.batch_offset()
+        return [RangePartition(tasks) for tasks in self.planner.packed_tasks(offset)]
 
     def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, self.layout, self.decoders, self.planner, partition)

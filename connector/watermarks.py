@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kwatermark.errors import PluginError
-from kwatermark.options import WatermarkConfig
+from kwatermark.options import WatermarkConfig, percentile_rank
 from kwatermark.plugins import PluginOptions, load_object
 from kwatermark.records import RecordBlock
 
@@ -136,6 +136,61 @@ class Punctuated:
             self.marker = other
 
 
+class TimeLag:
+    """``timelag`` (Flink's ``TimeLagWatermarkGenerator``): ``wm = planned - maxTimeLag``,
+    where ``planned`` is the processing time the driver planned the batch at.
+
+    Records are expected at most ``maxTimeLag`` behind processing time; their event times do
+    not move the watermark. The planning time is in the snapshot, hence in the offset, so a
+    replayed batch gets the same watermark whatever the clock says then. Defined from the
+    first planning on, with or without records (Flink emits it regardless of events).
+
+    >>> lag = TimeLag(30_000); lag.on_plan(1_700_000_060_000); lag.current()
+    1700000030000
+    """
+
+    needs_records = False
+
+    def __init__(self, lag_ms: int):
+        self.lag_ms = lag_ms
+        self.planned_ms: int | None = None
+
+    def on_plan(self, now_ms: int) -> None:
+        """Called by the driver when it plans a batch that reads records."""
+        if self.planned_ms is None or now_ms > self.planned_ms:
+            self.planned_ms = now_ms
+
+    def on_event(self, ts_ms: int, record: dict | None = None) -> None:
+        pass
+
+    def current(self) -> int | None:
+        return None if self.planned_ms is None else self.planned_ms - self.lag_ms
+
+    def snapshot(self) -> dict:
+        return {"planned": self.planned_ms}
+
+    def restore(self, snapshot: object) -> None:
+        self.planned_ms = (snapshot or {}).get("planned")
+
+    def merge(self, later: object) -> None:
+        other = (later or {}).get("planned")
+        if other is not None:
+            self.on_plan(other)
+
+    def watermarks_before(self, event_times: np.ndarray, block: RecordBlock) -> np.ndarray:
+        return np.full(len(event_times), _as_ms(self, self.current()), dtype=np.int64)
+
+
+def plan_generator(generator: object, now_ms: int) -> bool:
+    """Tell a generator the batch's planning time, if it wants it (``on_plan``, optional in
+    the plug-in protocol); True when it did."""
+    on_plan = getattr(generator, "on_plan", None)
+    if not callable(on_plan):
+        return False
+    on_plan(now_ms)
+    return True
+
+
 def watermarks_before(generator: object, event_times: np.ndarray, block: RecordBlock
                       ) -> np.ndarray:
     """Feed a block to any generator; return the partition watermark before each record.
@@ -177,6 +232,8 @@ def make_generator(config: WatermarkConfig) -> object:
         return BoundedOutOfOrderness(config.max_out_of_orderness_ms)
     if strategy == "none":
         return NoWatermarks()
+    if strategy == "timelag":
+        return TimeLag(config.max_time_lag_ms)
     if strategy == "punctuated":
         predicate = load_object(config.punctuation, "watermark.punctuation")
         if not callable(predicate):
@@ -321,10 +378,60 @@ def needs_records(generator: object, assigner: object) -> bool:
 # Combining partitions.
 
 
-def combined_watermark(watermarks: list[int]) -> int:
-    """``min`` over counted partitions; UNDEFINED if any is undefined; NO_PARTITIONS if none
-    counts (every partition excluded: the caller holds the previous value)."""
-    return min(watermarks) if watermarks else NO_PARTITIONS
+def combined_watermark(watermarks: list[int], percentile: str = "100") -> int:
+    """The ``k = ceil(p * n / 100)``-th largest of the counted partitions' watermarks (DESIGN
+    §13): at least p % of them are at or past it. p = 100 (the default) is ``min``: UNDEFINED
+    if any is undefined (it counts as the lowest). NO_PARTITIONS if none counts (every
+    partition excluded: the caller holds the previous value)."""
+    if not watermarks:
+        return NO_PARTITIONS
+    if percentile == "100":
+        return min(watermarks)
+    k = percentile_rank(percentile, len(watermarks))
+    return sorted(watermarks, reverse=True)[k - 1]
+
+
+def holder(watermarks: dict, percentile: str = "100") -> object | None:
+    """The key of the counted partition whose watermark is the combined one (ties: the first
+    key in sorted order); None when no partition counts."""
+    if not watermarks:
+        return None
+    k = percentile_rank(percentile, len(watermarks))
+    ranked = sorted(watermarks, key=lambda key: (-watermarks[key], key))
+    target = ranked[k - 1]
+    value = watermarks[target]
+    return min(key for key in watermarks if watermarks[key] == value)
+
+
+def row_bounds(marks: dict, counted: set, percentile: str = "100") -> dict:
+    """Per partition, ``(floor, ceiling)`` such that a row of that partition whose own
+    partition watermark is ``x`` carries ``min(max(x, floor), ceiling)`` (before the
+    never-decreasing step): the k-th largest of ``x`` and the other counted partitions'
+    batch-start watermarks. For ``min`` the floor is UNDEFINED and the ceiling the minimum
+    of the others. A partition that does not count gets the counted partitions' combined
+    watermark as both."""
+    ranked = sorted(((marks[tp], tp) for tp in marks if tp in counted), reverse=True)
+    values = [v for v, _ in ranked]
+    position = {tp: i for i, (_, tp) in enumerate(ranked)}
+    n = len(values)
+    k = percentile_rank(percentile, n)
+    combined = combined_watermark(values, percentile)
+    bounds = {}
+    for tp in marks:
+        if tp not in position:
+            bounds[tp] = (combined, combined)
+            continue
+        i = position[tp]
+
+        def other(j: int, i: int = i) -> int:
+            """The j-th largest (1-based) of the others; beyond the ends: +inf / -inf."""
+            if j < 1:
+                return NO_PARTITIONS
+            index = j - 1 if j - 1 < i else j
+            return values[index] if index < n else UNDEFINED
+
+        bounds[tp] = (other(k), other(k - 1))
+    return bounds
 
 
 def emitted(previous: int, computed: int) -> int:
@@ -334,12 +441,16 @@ def emitted(previous: int, computed: int) -> int:
     return max(previous, computed)
 
 
-def row_watermarks(own_before: np.ndarray, others: int, previous: int, counted: bool
-                   ) -> np.ndarray:
+def row_watermarks(own_before: np.ndarray, others: int, previous: int, counted: bool,
+                   floor: int = UNDEFINED) -> np.ndarray:
     """Per-row watermark of one partition's records (DESIGN §2): the combined watermark in
     force when each row arrives, its own partition advancing record by record and the others
-    held at their batch-start state. UNDEFINED means null."""
-    computed = np.minimum(own_before, others) if counted else np.full_like(own_before, others)
+    held at their batch-start state. UNDEFINED means null. ``others``/``floor`` are the
+    ceiling and floor of :func:`row_bounds` (for ``min``: the others' minimum, UNDEFINED)."""
+    if counted:
+        computed = np.minimum(np.maximum(own_before, floor), others)
+    else:
+        computed = np.full_like(own_before, others)
     computed = np.where(computed == NO_PARTITIONS, UNDEFINED, computed)
     return np.maximum(computed, previous)
 

@@ -175,8 +175,9 @@ def test_late_records_flag_and_drop_with_allowed_lateness(spark, broker, topic_f
 
 def test_sparks_event_time_machinery_follows_the_watermark_column(
         spark, broker, topic_factory, checkpoint):
-    """docs/watermarks.md: withWatermark("watermark", "0 seconds") makes Spark's own
-    watermark (used by windows, timers, state eviction) kwatermark's combined watermark."""
+    """docs/watermarks.md: withWatermark("watermark", "0 seconds") shows kwatermark's
+    combined watermark as Spark's, one batch later (not a base for stateful operators: rows
+    at Spark's previous watermark would be dropped; the docs' processor uses +1 ms)."""
     writer = topic_factory(2)
     frame = (kwatermark_stream(spark, broker, writer.topic)
              .withWatermark("watermark", "0 seconds"))

@@ -14,6 +14,7 @@ from kwatermark.offsets import (
     OffsetFormatError,
     PartitionRange,
     PartitionState,
+    held_by_alignment,
     parse_tp_key,
     plan_splits,
     rate_limit,
@@ -62,6 +63,7 @@ states = st.builds(
     advanced_ms=st.one_of(st.none(), st.integers(-10**13, 10**13)),
     last_read_ms=st.integers(0, 10**13),
     idle=st.sampled_from(["count", "exclude", "advance"]),
+    held=st.booleans(),
 )
 
 
@@ -115,6 +117,8 @@ def test_bad_partition_keys_are_named(key):
     {"from": 0, "to": 1, "state": {"maxEvent": "1000"}},
     {"from": 0, "to": 1, "state": {"advanced": 1.5}},
     {"from": 0, "to": 1, "state": {"lastRead": False}},
+    {"from": 0, "to": 1, "state": {"held": "yes"}},
+    {"from": 0, "to": 1, "state": {"held": 1}},
 ])
 def test_bad_partition_entries_name_the_partition(entry):
     with pytest.raises(OffsetFormatError) as info:
@@ -131,6 +135,17 @@ def test_bad_partition_entries_name_the_partition(entry):
 def test_malformed_offsets_raise_offset_format_error(data):
     with pytest.raises(OffsetFormatError, match="offset"):
         BatchOffset.from_json(data)
+
+
+def test_held_is_written_only_when_true_and_old_offsets_without_it_parse():
+    held = BatchOffset(5, {("events", 0): PartitionRange(7, 7, PartitionState(held=True))})
+    assert held.to_json()["partitions"]["events:0"]["state"]["held"] is True
+    assert BatchOffset.from_json(held.dumps()) == held
+    old = {"v": 1, "watermark": 5, "partitions": {"events:0": {"from": 7, "to": 9, "state": {
+        "gen": {"max_ts": 6}, "maxEvent": 6, "advanced": None, "lastRead": 1, "idle": "count"}}}}
+    parsed = BatchOffset.from_json(old)
+    assert parsed.partitions[("events", 0)].state.held is False
+    assert parsed.to_json() == old
 
 
 def test_missing_state_is_a_fresh_partition():
@@ -178,55 +193,142 @@ def test_with_state_changes_one_partition():
     assert offset.partitions[("t", 1)].state == PartitionState()   # the original is unchanged
 
 
-# -- rate limit --------------------------------------------------------------------------
+# -- rate limit (DESIGN §11) ---------------------------------------------------------------
+
+UNDEFINED = -(2**63)
 
 
-def test_rate_limit_splits_in_proportion_to_lag():
+def test_rate_limit_without_priority_splits_in_proportion_to_lag():
     begins = {("t", 0): 0, ("t", 1): 10}
     ends = {("t", 0): 300, ("t", 1): 110}
+    # one record each first, then 98 split 299:99 -> 73.3, 24.3 -> 74 (remainder), 24
     assert rate_limit(begins, ends, 100) == {("t", 0): 75, ("t", 1): 35}
 
 
 def test_rate_limit_gives_leftover_rows_to_largest_remainders_then_order():
     begins = {("t", 0): 0, ("t", 1): 0, ("t", 2): 0}
-    ends = {("t", 0): 1, ("t", 1): 1, ("t", 2): 1}
-    # shares 2/3 each: floors 0, two rows left, ties broken by topic/partition order
-    assert rate_limit(begins, ends, 2) == {("t", 0): 1, ("t", 1): 1, ("t", 2): 0}
-    # shares 7*[5,3,2]/10 = 3.5, 2.1, 1.4: floors 3, 2, 1, one row left -> largest remainder
-    ends = {("t", 0): 5, ("t", 1): 3, ("t", 2): 2}
-    assert rate_limit(begins, ends, 7) == {("t", 0): 4, ("t", 1): 2, ("t", 2): 1}
+    ends = {("t", 0): 6, ("t", 1): 4, ("t", 2): 3}
+    # one each, then 4 more over lags 5, 3, 2: shares 2.0, 1.2, 0.8 -> 2, 1, 0 + 1 remainder
+    assert rate_limit(begins, ends, 7) == {("t", 0): 3, ("t", 1): 2, ("t", 2): 2}
 
 
-def test_rate_limit_small_shares_do_not_overshoot():
-    # Spark rounds each tiny share up to 1 and reads 3 rows; the limit here is exact.
+def test_the_issue_13_case_reads_the_small_partition_in_the_first_trigger():
+    # p0: 200,000 unread records far ahead; p1: 5 unread records behind it. Proportionally
+    # p1's share is 0.025 of a record; it now gets at least one, and as the watermark holder
+    # it is served first: all five.
+    begins = {("t", 0): 0, ("t", 1): 0}
+    ends = {("t", 0): 200_000, ("t", 1): 5}
+    assert rate_limit(begins, ends, 1000) == {("t", 0): 999, ("t", 1): 1}
+    assert rate_limit(begins, ends, 1000, {("t", 0): 3_600_000, ("t", 1): 1_000}) == {
+        ("t", 0): 995, ("t", 1): 5}
+    # both undefined (nothing read yet): a tie, shared by lag, p1 still gets its one record
+    assert rate_limit(begins, ends, 1000, {("t", 0): UNDEFINED, ("t", 1): UNDEFINED}) == {
+        ("t", 0): 999, ("t", 1): 1}
+
+
+def test_rate_limit_serves_the_lowest_watermark_first_and_undefined_lowest():
     begins = {("t", 0): 0, ("t", 1): 0, ("t", 2): 0}
-    ends = {("t", 0): 1000, ("t", 1): 1, ("t", 2): 1}
-    assert rate_limit(begins, ends, 1) == {("t", 0): 1, ("t", 1): 0, ("t", 2): 0}
+    ends = {("t", 0): 500, ("t", 1): 500, ("t", 2): 500}
+    marks = {("t", 0): 9_000, ("t", 1): 5_000, ("t", 2): UNDEFINED}
+    assert rate_limit(begins, ends, 300, marks) == {("t", 0): 1, ("t", 1): 1, ("t", 2): 298}
+    marks[("t", 2)] = 7_000
+    assert rate_limit(begins, ends, 300, marks) == {("t", 0): 1, ("t", 1): 298, ("t", 2): 1}
+    # the holder cannot use it all: the next lowest gets the rest
+    ends[("t", 1)] = 50
+    assert rate_limit(begins, ends, 300, marks) == {("t", 0): 1, ("t", 1): 50, ("t", 2): 249}
+
+
+def test_rate_limit_overshoots_only_to_give_every_partition_one_record():
+    begins = {("t", i): 0 for i in range(5)}
+    ends = {("t", i): 1000 for i in range(5)}
+    assert rate_limit(begins, ends, 2) == dict.fromkeys(ends, 1)
 
 
 def test_rate_limit_under_the_limit_reads_everything():
     begins = {("t", 0): 0, ("t", 1): 5}
     ends = {("t", 0): 3, ("t", 1): 5}
     assert rate_limit(begins, ends, 10) == ends
+    assert rate_limit(begins, ends, 3, {("t", 0): 1, ("t", 1): 0}) == ends
+
+
+@settings(deadline=None, max_examples=400)
+@given(parts=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 2000),
+                                st.one_of(st.just(UNDEFINED), st.integers(0, 20))),
+                      min_size=1, max_size=7),
+       max_rows=st.integers(1, 5000), prioritised=st.booleans())
+def test_rate_limit_properties(parts, max_rows, prioritised):
+    begins = {("t", i): b for i, (b, _, _) in enumerate(parts)}
+    ends = {("t", i): b + lag for i, (b, lag, _) in enumerate(parts)}
+    marks = {("t", i): m for i, (_, _, m) in enumerate(parts)} if prioritised else None
+    limited = rate_limit(begins, ends, max_rows, marks)
+    assert set(limited) == set(ends)
+    taken = {tp: limited[tp] - begins[tp] for tp in ends}
+    lags = {tp: ends[tp] - begins[tp] for tp in ends}
+    lagging = [tp for tp in ends if lags[tp] > 0]
+    assert all(0 <= taken[tp] <= lags[tp] for tp in ends)
+    # never over the limit + the number of partitions with unread records ...
+    assert sum(taken.values()) <= max_rows + len(lagging)
+    # ... and over it only to give each of them its one record
+    assert sum(taken.values()) <= max(max_rows, len(lagging))
+    # the whole budget is used while there is something to read
+    assert sum(taken.values()) >= min(max_rows, sum(lags.values()))
+    # nobody with unread records is starved
+    assert all(taken[tp] >= 1 for tp in lagging)
+    if marks is None:
+        return
+    # watermark holders first: a partition gets more than its one record only when every
+    # partition with a strictly lower watermark got everything it had
+    for tp in lagging:
+        if taken[tp] > 1:
+            assert all(taken[q] == lags[q] for q in lagging if marks[q] < marks[tp]), (tp, taken)
+
+
+# -- watermark alignment (DESIGN §11) -------------------------------------------------------
+
+
+def test_alignment_holds_partitions_more_than_max_drift_above_the_floor():
+    marks = {("t", 0): 3_600_000, ("t", 1): 1_000, ("t", 2): 61_000}
+    unread = {("t", 0): 50, ("t", 1): 5, ("t", 2): 7}
+    counted = dict.fromkeys(marks, True)
+    assert held_by_alignment(marks, unread, counted, 60_000) == {("t", 0)}
+    assert held_by_alignment(marks, unread, counted, 59_999) == {("t", 0), ("t", 2)}
+
+
+def test_a_partition_with_nothing_unread_never_holds_others_back():
+    marks = {("t", 0): 3_600_000, ("t", 1): 1_000}
+    counted = dict.fromkeys(marks, True)
+    assert held_by_alignment(marks, {("t", 0): 50, ("t", 1): 0}, counted, 60_000) == set()
+    # nor does an excluded (idle) one
+    assert held_by_alignment(marks, {("t", 0): 50, ("t", 1): 9},
+                             {("t", 0): True, ("t", 1): False}, 60_000) == set()
+
+
+def test_an_undefined_watermark_with_unread_records_is_the_lowest():
+    marks = {("t", 0): 5_000, ("t", 1): UNDEFINED}
+    unread = {("t", 0): 1, ("t", 1): 1}
+    counted = dict.fromkeys(marks, True)
+    assert held_by_alignment(marks, unread, counted, 10**12) == {("t", 0)}
+    both_undefined = {("t", 0): UNDEFINED, ("t", 1): UNDEFINED}
+    assert held_by_alignment(both_undefined, unread, counted, 0) == set()
 
 
 @settings(deadline=None, max_examples=300)
-@given(lags=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 2000)), min_size=1,
-                     max_size=6),
-       max_rows=st.integers(1, 5000))
-def test_rate_limit_properties(lags, max_rows):
-    begins = {("t", i): b for i, (b, _) in enumerate(lags)}
-    ends = {("t", i): b + lag for i, (b, lag) in enumerate(lags)}
-    limited = rate_limit(begins, ends, max_rows)
-    assert set(limited) == set(ends)
-    taken = {tp: limited[tp] - begins[tp] for tp in ends}
-    assert all(begins[tp] <= limited[tp] <= ends[tp] for tp in ends)
-    total_lag = sum(lag for _, lag in lags)
-    assert sum(taken.values()) == min(max_rows, total_lag)
-    if total_lag > max_rows:
-        for tp, end in ends.items():
-            share = max_rows * (end - begins[tp]) / total_lag
-            assert abs(taken[tp] - share) < 1
+@given(parts=st.lists(st.tuples(st.one_of(st.just(UNDEFINED), st.integers(0, 100)),
+                                st.integers(0, 3), st.booleans()), min_size=1, max_size=6),
+       drift=st.integers(0, 50))
+def test_alignment_never_stalls_and_holds_only_those_too_far_ahead(parts, drift):
+    marks = {("t", i): m for i, (m, _, _) in enumerate(parts)}
+    unread = {("t", i): n for i, (_, n, _) in enumerate(parts)}
+    counted = {("t", i): c for i, (_, _, c) in enumerate(parts)}
+    held = held_by_alignment(marks, unread, counted, drift)
+    active = [tp for tp in marks if unread[tp] and counted[tp]]
+    if active:
+        assert set(active) - held           # some partition with unread records reads
+    for tp in held:
+        assert counted[tp] and unread[tp]
+        assert any(marks[q] < marks[tp] - drift for q in active)
+    for tp in set(active) - held:
+        assert all(marks[tp] - marks[q] <= drift for q in active)
 
 
 # -- splitting ---------------------------------------------------------------------------

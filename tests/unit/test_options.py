@@ -500,3 +500,38 @@ def test_default_ledger_path_is_the_parsing_processes_temp_path_kept_when_pickle
     # An executor with another temp directory unpickles the driver's path as it is.
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert pickle.loads(pickle.dumps(options)).state_location == options.state_location
+
+
+# -- watermark alignment (DESIGN §11) ----------------------------------------------------
+
+
+def test_alignment_is_off_unless_max_drift_is_set():
+    assert parse().alignment_max_drift_ms is None
+    assert parse(**{"watermark.alignment.maxDrift": "5 minutes"}).alignment_max_drift_ms \
+        == 300_000
+    assert parse(**{"WATERMARK.ALIGNMENT.MAXDRIFT": "0"}).alignment_max_drift_ms == 0
+    assert parse(streaming=None, **{"watermark.alignment.maxDrift": "1s"}
+                 ).alignment_max_drift_ms == 1000
+
+
+@pytest.mark.parametrize(("raw", "says"), [
+    ({"watermark.alignment.maxDrift": "five minutes"}, "cannot parse duration"),
+    ({"watermark.alignment.maxDrift": "-1 minute"}, "negative"),
+    ({"watermark.alignment.maxDrift": "  "}, "empty"),
+    ({"watermark.alignment.maxDrift": "1 minute", "watermark.strategy": "none"},
+     "watermark.strategy is 'none'"),
+])
+def test_bad_alignment_options_name_the_option(raw, says):
+    message = option_error({**BASE, **raw})
+    assert "watermark.alignment.maxDrift" in message and says in message
+
+
+def test_alignment_on_a_batch_query_is_refused():
+    message = option_error({**BASE, "watermark.alignment.maxDrift": "1 minute"},
+                           streaming=False)
+    assert "watermark.alignment.maxDrift" in message and "streaming queries only" in message
+
+
+def test_a_misspelt_alignment_option_is_unknown_with_a_suggestion():
+    message = option_error({**BASE, "watermark.alignment.maxDrfit": "1 minute"})
+    assert "did you mean 'watermark.alignment.maxDrift'" in message

@@ -1,0 +1,187 @@
+"""Task packing (DESIGN §12): small ranges of several partitions share one Spark task, and
+nothing else changes: the same ranges, rows, offsets and progress records as one task per
+range."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from unittest import mock
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kwatermark.arrow import OutputLayout
+from kwatermark.ledger import record_key
+from kwatermark.offsets import BatchOffset, PartitionState, RangeTask, pack_tasks
+from kwatermark.options import DEFAULT_MIN_RECORDS_PER_PARTITION, parse_options
+from kwatermark.planner import BatchPlanner, ReadLimits
+from kwatermark.reader import Decoders
+from tests.unit.test_progress_model import TOPIC, FakeBroker, read_task
+
+
+def ranges_of(sizes: list[int]) -> list[RangeTask]:
+    return [RangeTask(TOPIC, p, 10, 10 + n, PartitionState(), True, None, 0)
+            for p, n in enumerate(sizes)]
+
+
+def sizes(pack: tuple[RangeTask, ...]) -> list[int]:
+    return [t.end - t.start for t in pack]
+
+
+def test_packing_off_is_one_task_per_range():
+    tasks = ranges_of([5, 1, 7])
+    assert pack_tasks(tasks, 1, None, None) == [(t,) for t in tasks]
+    assert pack_tasks(tasks, None, 4, 2) == [(t,) for t in tasks]
+
+
+def test_small_ranges_fill_a_task_up_to_min_records():
+    packs = pack_tasks(ranges_of([10] * 10 + [100, 5, 5]), 25, None, None)
+    assert [sum(sizes(p)) for p in packs] == [30, 30, 30, 110, 10]
+    assert [len(p) for p in pack_tasks(ranges_of([10] * 10), 1000, None, None)] == [10]
+
+
+def test_min_partitions_and_max_records_per_partition_still_hold():
+    tasks = ranges_of([10] * 10 + [100, 5, 5])
+    assert [sum(sizes(p)) for p in pack_tasks(tasks, 1000, 4, None)] == [50, 50, 100, 10]
+    assert [sum(sizes(p)) for p in pack_tasks(tasks, 1000, None, 30)] == [
+        30, 30, 30, 10, 100, 10]
+    # more tasks wanted than ranges: every range alone
+    assert len(pack_tasks(tasks, 1000, 20, None)) == len(tasks)
+
+
+@settings(deadline=None, max_examples=200)
+@given(range_sizes=st.lists(st.integers(1, 500), min_size=0, max_size=60),
+       min_records=st.one_of(st.none(), st.integers(1, 3000)),
+       min_partitions=st.one_of(st.none(), st.integers(1, 80)),
+       max_records=st.one_of(st.none(), st.integers(1, 1000)))
+def test_packs_cover_every_range_once_in_order(range_sizes, min_records, min_partitions,
+                                               max_records):
+    tasks = ranges_of(range_sizes)
+    packs = pack_tasks(tasks, min_records, min_partitions, max_records)
+    assert packs == pack_tasks(list(tasks), min_records, min_partitions, max_records)
+    assert [t for pack in packs for t in pack] == tasks
+    assert all(packs)
+    assert len(packs) >= min(min_partitions or 1, len(tasks))
+    total = sum(range_sizes)
+    for pack in packs:
+        if len(pack) > 1:
+            assert sum(sizes(pack)) <= (max_records or math.inf)
+            if min_partitions and min_partitions > 1:
+                assert sum(sizes(pack)) <= math.ceil(total / min(min_partitions, len(tasks)))
+            # a pack grows only while it is below the minimum
+            assert sum(sizes(pack)[:-1]) < min_records
+    if not min_records or min_records <= 1:
+        assert all(len(p) == 1 for p in packs)
+
+
+def planner_for(n: int, ledger_dir: str, **extra: str) -> tuple[BatchPlanner, FakeBroker]:
+    options = parse_options({"kafka.bootstrap.servers": "fake:9092",
+                             "assign": json.dumps({TOPIC: list(range(n))}),
+                             "startingOffsets": "earliest",
+                             "watermark.strategy": "bounded",
+                             "watermark.maxOutOfOrderness": "20 milliseconds",
+                             "watermark.stateLocation": ledger_dir, **extra})
+    planner = BatchPlanner(options, OutputLayout(), Decoders())
+    broker = FakeBroker([(TOPIC, p) for p in range(n)])
+    planner.metadata = broker
+    return planner, broker
+
+
+def drive(records: list[list[int]], batches: list[list[int]], ledger_dir: str,
+          **extra: str) -> list[dict]:
+    """Run every batch through the real planner, reading each Spark task's ranges as
+    ``source._read`` does; per batch: the offset, the rows, the progress records by ledger
+    key, and the Spark tasks."""
+    planner, broker = planner_for(len(records), ledger_dir, **extra)
+    offset = planner.initial_offset()
+    seen = []
+    for counts in batches:
+        for p, count in enumerate(counts):
+            broker.ends[(TOPIC, p)] += count
+        end = planner.latest_offset(BatchOffset.from_json(offset.to_json()), ReadLimits())
+        if end is None:
+            continue
+        end = BatchOffset.from_json(json.loads(json.dumps(end.to_json())))
+        packs = planner.packed_tasks(end)
+        assert [t for pack in packs for t in pack] == planner.tasks(end)
+        rows, progress = [], {}
+        for pack in packs:
+            for task in pack:
+                task_rows, record = read_task(planner, task, records[task.partition], 7)
+                planner.ledger.publish(task, planner.fingerprint, record)
+                rows += [(r.tp, r.offset, r.event_time, r.watermark) for r in task_rows]
+                progress[record_key(task, planner.fingerprint)] = record
+        seen.append({"offset": end.dumps(), "rows": sorted(rows), "progress": progress,
+                     "tasks": [[(t.partition, t.start, t.end) for t in pack]
+                               for pack in packs]})
+        offset = end
+    states, highest = planner.fold(BatchOffset.from_json(offset.to_json()))
+    seen.append({"folded": {tp: s.to_json() for tp, s in states.items()}, "highest": highest})
+    return seen
+
+
+@st.composite
+def streams(draw):
+    n = draw(st.integers(2, 16))
+    n_batches = draw(st.integers(1, 3))
+    batches = [[draw(st.integers(0, 20)) for _ in range(n)] for _ in range(n_batches)]
+    records = [draw(st.lists(st.integers(0, 400), min_size=sum(b[p] for b in batches),
+                             max_size=sum(b[p] for b in batches))) for p in range(n)]
+    extra = {"minRecordsPerPartition": str(draw(st.integers(2, 200)))}
+    if draw(st.booleans()):
+        extra["minPartitions"] = str(draw(st.integers(1, 30)))
+    if draw(st.booleans()):
+        extra["maxRecordsPerPartition"] = str(draw(st.integers(1, 40)))
+    return records, batches, extra
+
+
+@settings(deadline=None, max_examples=25)
+@given(stream=streams())
+def test_packing_changes_only_which_spark_task_reads_a_range(stream):
+    """Offsets, rows, watermarks, progress records and the folded state are those of one
+    task per range; only the grouping into Spark tasks differs."""
+    records, batches, extra = stream
+    # Offsets carry the processing time partitions were last planned: the same clock for
+    # both; progress records are keyed by watermark.stateLocation too: the same location.
+    with tempfile.TemporaryDirectory() as root, \
+            mock.patch("kwatermark.planner.now_ms", return_value=1_700_000_000_000):
+        ledger = os.path.join(root, "ledger")
+        packed = drive(records, batches, ledger, **extra)
+        shutil.rmtree(ledger, ignore_errors=True)
+        alone = drive(records, batches, ledger, **{**extra, "minRecordsPerPartition": "1"})
+    assert len(packed) == len(alone)
+    for with_packing, without in zip(packed, alone):
+        if "folded" in with_packing:
+            assert with_packing == without
+            continue
+        assert with_packing["offset"] == without["offset"]
+        assert with_packing["rows"] == without["rows"]
+        assert with_packing["progress"] == without["progress"]
+        assert [t for pack in with_packing["tasks"] for t in pack] == [
+            t for pack in without["tasks"] for t in pack]
+        assert all(len(pack) == 1 for pack in without["tasks"])
+        assert len(with_packing["tasks"]) <= len(without["tasks"])
+
+
+def test_small_partitions_share_tasks_by_default(tmp_path):
+    records = [[100 + i for i in range(5)] for _ in range(64)]
+    stages = drive(records, [[5] * 64], str(tmp_path))
+    assert DEFAULT_MIN_RECORDS_PER_PARTITION > 64 * 5
+    assert len(stages[0]["tasks"]) == 1
+    assert len(stages[0]["tasks"][0]) == 64
+
+
+def test_min_records_per_partition_option_is_validated():
+    import pytest
+
+    from kwatermark.errors import OptionError
+
+    base = {"kafka.bootstrap.servers": "b:9092", "subscribe": "t"}
+    assert parse_options(base).min_records_per_partition == DEFAULT_MIN_RECORDS_PER_PARTITION
+    assert parse_options({**base, "minrecordsperpartition": "7"}).min_records_per_partition == 7
+    with pytest.raises(OptionError, match="option minRecordsPerPartition"):
+        parse_options({**base, "minRecordsPerPartition": "0"})
