@@ -16,8 +16,13 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from kwatermark.errors import BrokerError, OptionError
 from kwatermark.offsets import TopicPartition
 from kwatermark.options import SourceOptions, Subscription
+from kwatermark.rdkafka_log import librdkafka_logger
 
 log = logging.getLogger("kwatermark.broker")
+
+# A wrong address fails this soon: until a broker has answered once in this process, all
+# attempts together get at most this long, not ``kafkaConsumer.pollTimeoutMs`` (DESIGN §3).
+NEVER_REACHED_BUDGET_MS = 15_000
 
 T = TypeVar("T")
 
@@ -29,21 +34,25 @@ class KafkaMetadata:
         self.options = options
         self._admin: AdminClient | None = None
         self._connection_error: str | None = None
+        self._reached = False  # a broker answered once since this process started the query
 
     def __getstate__(self) -> dict:
-        return {"options": self.options, "_admin": None, "_connection_error": None}
+        return {"options": self.options, "_admin": None, "_connection_error": None,
+                "_reached": False}
 
     @property
     def admin(self) -> AdminClient:
         if self._admin is None:
             conf = self.options.consumer_conf()
-            conf["logger"] = logging.getLogger("kwatermark.librdkafka")
+            conf["logger"] = librdkafka_logger()
             conf["error_cb"] = self._record_connection_error
             try:
                 self._admin = AdminClient(conf)
             except KafkaException as exc:
-                raise OptionError(f"a kafka.* option was refused by librdkafka: "
-                                  f"{exc.args[0] if exc.args else exc}") from exc
+                error = exc.args[0] if exc.args else exc
+                text = error.str() if isinstance(error, KafkaError) else str(error)
+                raise OptionError(f"a kafka.* option was refused by librdkafka: {text}"
+                                  ) from exc
         return self._admin
 
     def _record_connection_error(self, error: KafkaError) -> None:
@@ -53,10 +62,18 @@ class KafkaMetadata:
             self._connection_error = error.str()
 
     @property
+    def budget_ms(self) -> int:
+        """All attempts of one request together: ``kafkaConsumer.pollTimeoutMs``, or at most
+        NEVER_REACHED_BUDGET_MS while no broker has ever answered (a wrong address)."""
+        if self._reached:
+            return self.options.poll_timeout_ms
+        return min(self.options.poll_timeout_ms, NEVER_REACHED_BUDGET_MS)
+
+    @property
     def timeout_s(self) -> float:
-        """Per attempt: all attempts together stay within ``kafkaConsumer.pollTimeoutMs``."""
+        """Per attempt: all attempts together stay within :attr:`budget_ms`."""
         attempts = self.options.fetch_offset_retries + 1
-        return max(0.5, self.options.poll_timeout_ms / 1000.0 / attempts)
+        return max(0.5, self.budget_ms / 1000.0 / attempts)
 
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
         """Retry as ``fetchOffset.numRetries``/``retryIntervalMs`` say, then fail naming the
@@ -65,18 +82,24 @@ class KafkaMetadata:
         _ = self.admin  # created outside the retries: a bad kafka.* option is not a broker fault
         for attempt in range(attempts):
             try:
-                return call()
+                result = call()
+                self._reached = True
+                return result
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else exc
                 if attempt + 1 >= attempts:
                     self.admin.poll(0)  # serves the queued error_cb calls
                     cause = (f"; last connection error: {self._connection_error}"
                              if self._connection_error else "")
+                    if self._reached:
+                        budget = f"kafkaConsumer.pollTimeoutMs={self.options.poll_timeout_ms}"
+                    else:
+                        budget = (f"{self.budget_ms / 1000:g} s, as no broker has answered "
+                                  f"since the query started: is the address right?")
                     raise BrokerError(
                         f"{what} failed against kafka.bootstrap.servers="
                         f"{self.options.bootstrap_servers!r}: {error}{cause} (gave up after "
-                        f"{attempts} attempt(s) within kafkaConsumer.pollTimeoutMs="
-                        f"{self.options.poll_timeout_ms})") from exc
+                        f"{attempts} attempt(s) within {budget})") from exc
                 time.sleep(self.options.fetch_offset_retry_interval_ms / 1000.0)
         raise AssertionError("unreachable")
 
@@ -92,15 +115,30 @@ class KafkaMetadata:
         """The partitions the subscription covers right now (Spark's semantics: a subscribed
         topic that does not exist yet has no partitions; a pattern must match the whole
         name; internal topics never match)."""
-        if subscription.kind == "assign":
-            return list(subscription.assigned)
+        return self.coverage(subscription)[0]
+
+    def coverage(self, subscription: Subscription
+                 ) -> tuple[list[TopicPartition], list[str]]:
+        """The partitions the subscription covers right now, and what it names that the
+        brokers do not have: ``subscribe``/``assign`` topics that do not exist, as
+        ``"topic t"``, and assigned partitions past a topic's count, as ``"topic t
+        partition p"``."""
         topics = self.topics()
+        if subscription.kind == "assign":
+            missing = sorted({f"topic {t}" for t, _ in subscription.assigned
+                              if t not in topics})
+            missing += [f"topic {t} partition {p} (it has {topics[t]} partition(s))"
+                        for t, p in subscription.assigned if t in topics and p >= topics[t]]
+            return [(t, p) for t, p in subscription.assigned
+                    if t in topics and p < topics[t]], missing
         if subscription.kind == "subscribe":
             names = [t for t in subscription.topics if t in topics]
+            missing = [f"topic {t}" for t in subscription.topics if t not in topics]
         else:
             pattern = re.compile(subscription.pattern)
             names = [t for t in topics if not t.startswith("__") and pattern.fullmatch(t)]
-        return sorted((t, p) for t in names for p in range(topics[t]))
+            missing = []
+        return sorted((t, p) for t in names for p in range(topics[t])), missing
 
     def _list_offsets(self, what: str, specs: dict[TopicPartition, OffsetSpec]
                       ) -> dict[TopicPartition, int]:

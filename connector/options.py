@@ -323,10 +323,14 @@ def _canonical_key(key: str) -> str:
 
 
 def _unknown_option(key: str) -> OptionError:
+    """Spark hands a Python data source its option names lower-cased, so the user's own
+    spelling is lost: name the closest documented option in its documented spelling."""
     close = get_close_matches(key.lower(), list(_CANONICAL), n=1)
     hint = f"; did you mean '{_CANONICAL[close[0]]}'?" if close else ""
-    return OptionError(f"unknown option '{key}'{hint} (see docs/options.md; librdkafka "
-                       f"properties take the 'kafka.' prefix)")
+    spelling = (" (as Spark passes it: option names reach the source lower-cased)"
+                if key == key.lower() and key != key.upper() else "")
+    return OptionError(f"unknown option '{key}'{spelling}{hint} (see docs/options.md; "
+                       f"librdkafka properties take the 'kafka.' prefix)")
 
 
 def _reject_unused_plugin_options(opts: Mapping[str, str], prefix: str, builtin: bool) -> None:

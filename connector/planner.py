@@ -46,6 +46,10 @@ from kwatermark.watermarks import (
 log = logging.getLogger("kwatermark.planner")
 
 
+# A stream waiting for a missing topic says so at once, then at most this often.
+MISSING_WARNING_EVERY_MS = 10 * 60_000
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -106,6 +110,7 @@ class BatchPlanner:
         self._folded: dict[str, tuple[dict[TopicPartition, PartitionState], int]] = {}
         self._target: dict[TopicPartition, int] | None = None
         self._last_trigger_ms: int | None = None
+        self._warned: dict[str, float] = {}
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -161,13 +166,38 @@ class BatchPlanner:
         latest = self.metadata.latest_offsets(absent) if absent else {}
         return {tp: latest.get(tp, offset) for tp, offset in found.items()}
 
-    def assigned(self) -> list[TopicPartition]:
-        return self.metadata.assigned_partitions(self.options.subscription)
+    def assigned(self, fail_if_missing: bool = False) -> list[TopicPartition]:
+        """The partitions to read. A ``subscribe``/``assign`` topic (or assigned partition)
+        that does not exist is an error with ``fail_if_missing`` (a batch read; a stream's
+        first offsets under ``assign``). Otherwise a subscribed topic that does not exist yet,
+        or a pattern matching nothing, is a warning logged at most every
+        MISSING_WARNING_EVERY_MS while the stream waits for it (Spark's semantics), and an
+        assigned partition that disappeared is data loss (``_begins``)."""
+        subscription = self.options.subscription
+        tps, missing = self.metadata.coverage(subscription)
+        if missing and fail_if_missing:
+            raise OptionError(
+                f"option {subscription.kind}: {', '.join(missing)} does not exist on "
+                f"kafka.bootstrap.servers={self.options.bootstrap_servers!r}")
+        if subscription.kind != "assign" and (missing or not tps):
+            what = (f"option subscribe: {', '.join(missing)} does not exist (yet)" if missing
+                    else f"option subscribePattern: {subscription.pattern!r} matches no topic")
+            self._warn_rarely(what, f"{what} on kafka.bootstrap.servers="
+                              f"{self.options.bootstrap_servers!r}; nothing is read from it "
+                              f"until it is created")
+        return tps
+
+    def _warn_rarely(self, key: str, message: str) -> None:
+        now = time.monotonic()
+        last = self._warned.get(key)
+        if last is None or (now - last) * 1000 >= MISSING_WARNING_EVERY_MS:
+            self._warned[key] = now
+            log.warning("%s", message)
 
     # -- streaming -------------------------------------------------------------------
 
     def initial_offset(self) -> BatchOffset:
-        tps = self.assigned()
+        tps = self.assigned(fail_if_missing=self.options.subscription.kind == "assign")
         positions = self.resolve(self.options.starting, tps, "startingOffsets")
         first_seen = now_ms()
         return BatchOffset(None, {tp: PartitionRange(o, o, PartitionState(last_read_ms=first_seen))
@@ -416,7 +446,7 @@ class BatchPlanner:
 
     def batch_offset(self) -> BatchOffset:
         """A batch read is one micro-batch that starts with no state (DESIGN §4)."""
-        tps = self.assigned()
+        tps = self.assigned(fail_if_missing=True)
         starts = self.resolve(self.options.starting, tps, "startingOffsets")
         ends = self.resolve(self.options.ending, tps, "endingOffsets")
         for tp in tps:

@@ -23,6 +23,7 @@ from kwatermark.errors import BrokerError, DataLossError, DecodeError, KWatermar
 from kwatermark.ledger import ProgressRecord
 from kwatermark.offsets import RangeTask
 from kwatermark.options import SourceOptions
+from kwatermark.rdkafka_log import librdkafka_logger
 from kwatermark.records import RecordBlock
 from kwatermark.watermarks import (
     UNDEFINED,
@@ -68,7 +69,7 @@ def open_consumer(options: SourceOptions, remaining: int) -> Consumer:
         "enable.auto.commit": False,
         "enable.partition.eof": True,
         "auto.offset.reset": "error",
-        "logger": logging.getLogger("kwatermark.librdkafka"),
+        "logger": librdkafka_logger(),
     })
     conf.setdefault("queued.min.messages", max(1, min(remaining, MAX_PREFETCH_MESSAGES)))
     conf.setdefault("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS)

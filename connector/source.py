@@ -73,6 +73,16 @@ def _json_type_ddl(options: SourceOptions, role: str) -> str | None:
     return f"struct<{schema}>"
 
 
+def _single_topic(options: SourceOptions) -> str | None:
+    """The one topic a query reads (``subscribe`` or ``assign`` naming exactly one), which
+    gives the default Schema Registry subject; None with ``subscribePattern`` or several."""
+    subscription = options.subscription
+    topics = set(subscription.topics) | {t for t, _ in subscription.assigned}
+    if subscription.kind != "subscribePattern" and len(topics) == 1:
+        return topics.pop()
+    return None
+
+
 def _decoders(options: SourceOptions, spark_schema: StructType | None) -> tuple[Decoders, dict]:
     """Deserializers for key and value, and the Arrow type of each decoded column."""
     raw = dict(options.serde_options)
@@ -91,7 +101,8 @@ def _decoders(options: SourceOptions, spark_schema: StructType | None) -> tuple[
         if getattr(options, f"{role}_format") == "json" and json_type is None:
             json_type = pa.struct([])  # placeholder while Spark resolves the DDL
         try:
-            made[role] = serde.make_deserializer(role, raw, json_arrow_type=json_type)
+            made[role] = serde.make_deserializer(role, raw, json_arrow_type=json_type,
+                                                 topic=_single_topic(options))
         except serde.SerdeError as exc:
             raise OptionError(str(exc)) from exc
         types[role] = made[role].arrow_type if made[role] is not None else None
@@ -142,7 +153,10 @@ class KWatermarkDataSource(DataSource):
         expected = [f.name for f in layout.schema()]
         if schema.fieldNames() != expected:
             raise OptionError("kwatermark does not accept a user-specified schema (as Spark's "
-                              "Kafka source); its columns are " + ", ".join(expected))
+                              "Kafka source): remove .schema(...) from the reader; its "
+                              "columns are " + ", ".join(expected) + ". (Spark does not show "
+                              "the schema to the source before the query starts, so this is "
+                              "reported at start() or the first action, not at load().)")
         return options, layout, decoders
 
     def streamReader(self, schema: StructType) -> KWatermarkStreamReader:
@@ -157,6 +171,8 @@ def _read(options: SourceOptions, layout: OutputLayout, decoders: Decoders, plan
     if isinstance(partition, HeartbeatPartition):
         yield heartbeat_batch(layout, partition.watermark_ms)
         return
+    if type(partition) is InputPartition and partition.value is None:
+        return  # Spark's stand-in when partitions() is empty (nothing to read): no rows
     if partition.publish:
         planner.ledger.require_shared(partition.ledger_mark)
     if len(partition.tasks) == 1:

@@ -203,7 +203,10 @@ class ConfluentAvroDeserializer:
         self._plans: dict[int, _ReadPlan] = {}
 
     @classmethod
-    def from_options(cls, opts: RoleOptions) -> ConfluentAvroDeserializer:
+    def from_options(cls, opts: RoleOptions, topic: str | None = None
+                     ) -> ConfluentAvroDeserializer:
+        """``topic``: the one topic the query reads, if it reads exactly one; then subject
+        ``<topic>-<role>`` (Confluent's TopicNameStrategy) is the default subject."""
         registry = SchemaRegistry.from_options(opts)
         for source in ("avro.readerSchema", "avro.schema"):
             text = opts.get(source.lower())
@@ -213,13 +216,21 @@ class ConfluentAvroDeserializer:
         else:
             source = "schema.registry.subject"
             subject = opts.get(source)
+            option = opts.name(source)
+            if subject is None and topic is not None:
+                subject = f"{topic}-{opts.role}"
+                option = (f"{option} (unset, so {subject!r}: Confluent's TopicNameStrategy "
+                          f"for topic {topic!r})")
             if subject is None:
                 raise SerdeError(
                     f"{opts.name('format')}=avro-confluent needs the output type declared: set "
                     f"{opts.name('avro.readerSchema')}, {opts.name('avro.schema')} or "
-                    f"{opts.name('schema.registry.subject')} (its latest schema is used)"
+                    f"{opts.name('schema.registry.subject')} (its latest schema is used). "
+                    f"The default subject <topic>-{opts.role} (Confluent's TopicNameStrategy) "
+                    f"applies only when the query reads exactly one topic (subscribe or "
+                    f"assign), not with subscribePattern or several topics"
                 )
-            reader = registry.latest(subject, opts.name(source))
+            reader = registry.latest(subject, option)
         return cls(opts.role, registry, reader, source)
 
     def __repr__(self) -> str:

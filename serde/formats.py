@@ -20,12 +20,15 @@ def make_deserializer(
     options: Mapping[str, str],
     *,
     json_arrow_type: pa.DataType | None = None,
+    topic: str | None = None,
 ) -> Deserializer | None:
     """The deserializer ``{role}.format`` asks for, or None for ``binary`` (no decoded column).
 
     ``role`` is ``"key"`` or ``"value"``; option names and the format value are matched
     case-insensitively. ``json_arrow_type`` is the struct the caller derived from
-    ``{role}.json.schema`` (serde does not parse Spark DDL).
+    ``{role}.json.schema`` (serde does not parse Spark DDL). ``topic`` is the one topic the
+    query reads, if it reads exactly one: ``avro-confluent`` then defaults to subject
+    ``<topic>-<role>`` (Confluent's TopicNameStrategy).
 
     >>> make_deserializer("value", {"value.format": "String"}).decode([b"a"]).array.to_pylist()
     ['a']
@@ -46,7 +49,7 @@ def make_deserializer(
     if fmt == "avro":
         return AvroDeserializer.from_options(opts)
     if fmt == "avro-confluent":
-        return ConfluentAvroDeserializer.from_options(opts)
+        return ConfluentAvroDeserializer.from_options(opts, topic)
     raise SerdeError(
         f"{opts.name('format')}: unknown format {opts.get('format')!r}; "
         f"accepted values: {', '.join(FORMATS)}"

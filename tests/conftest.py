@@ -10,7 +10,12 @@ import uuid
 
 import pytest
 
-from tests.support.kafka import TestBroker, TopicWriter, start_test_broker
+from tests.support.kafka import (
+    TestBroker,
+    TopicWriter,
+    describe_test_broker,
+    start_test_broker,
+)
 
 # Collected timestamps are naive datetimes in the local zone: make that UTC.
 os.environ["TZ"] = "UTC"
@@ -27,6 +32,11 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 # Set before the SparkSession starts so Spark's Python workers inherit it.
 FAULT_DIR = tempfile.mkdtemp(prefix="kwatermark-faults-")
 os.environ["KWATERMARK_TEST_FAIL_ONCE_DIR"] = FAULT_DIR
+
+
+def pytest_report_header(config) -> str:
+    """Say which broker the integration tests run against (issue 14)."""
+    return describe_test_broker()
 
 
 @pytest.fixture(scope="session")

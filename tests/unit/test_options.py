@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -469,6 +471,35 @@ def test_fuzz_any_options_parse_or_raise_option_error(raw, with_base, streaming)
         assert isinstance(parsed, SourceOptions)
         assert parsed.bootstrap_servers
 
+
+
+@pytest.mark.parametrize("typed, meant", [
+    ("maxOffsetPerTrigger", "maxOffsetsPerTrigger"),
+    ("startingOffset", "startingOffsets"),
+    ("watermark.maxOutOfOrderess", "watermark.maxOutOfOrderness"),
+])
+def test_unknown_option_as_spark_passes_it_suggests_the_documented_spelling(typed, meant):
+    # Spark lower-cases option names before the source sees them (issue 14).
+    message = option_error({**BASE, typed.lower(): "1"})
+    assert (f"unknown option '{typed.lower()}' (as Spark passes it: option names reach the "
+            f"source lower-cased); did you mean '{meant}'?") in message
+
+
+def test_known_options_in_any_case_are_reported_in_their_documented_spelling():
+    message = option_error({**BASE, "maxoffsetspertrigger": "0"})
+    assert message.startswith("option maxOffsetsPerTrigger: must be >= 1")
+
+
+def test_default_ledger_path_is_the_parsing_processes_temp_path_kept_when_pickled(
+        monkeypatch, tmp_path):
+    import pickle
+    import tempfile
+
+    options = parse_options(BASE)
+    assert options.state_location == os.path.join(tempfile.gettempdir(), "kwatermark-ledger")
+    # An executor with another temp directory unpickles the driver's path as it is.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert pickle.loads(pickle.dumps(options)).state_location == options.state_location
 
 
 # -- watermark alignment (DESIGN §11) ----------------------------------------------------

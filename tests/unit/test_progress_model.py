@@ -40,6 +40,9 @@ class FakeBroker:
     def assigned_partitions(self, subscription) -> list[TopicPartition]:
         return list(self.tps)
 
+    def coverage(self, subscription) -> tuple[list[TopicPartition], list[str]]:
+        return self.assigned_partitions(subscription), []
+
     def latest_offsets(self, tps) -> dict[TopicPartition, int]:
         return {tp: self.ends[tp] for tp in tps}
 

@@ -294,3 +294,19 @@ def test_picklable_after_use_without_a_live_client(registry):
     assert clone.arrow_type == deserializer.arrow_type
     registry_module._SCHEMAS_BY_ID.clear()  # as in a fresh executor process
     assert clone.decode([payload]).array.to_pylist() == first
+
+
+def test_the_default_subject_comes_from_exactly_one_topic():
+    # Confluent's TopicNameStrategy needs one topic: subscribe or assign naming just one.
+    from kwatermark.options import parse_options
+    from kwatermark.source import _single_topic
+
+    def topic(**subscription):
+        return _single_topic(parse_options({"kafka.bootstrap.servers": "b:9092",
+                                            **subscription}))
+
+    assert topic(subscribe="orders") == "orders"
+    assert topic(assign='{"orders": [0, 1]}') == "orders"
+    assert topic(subscribe="orders,refunds") is None
+    assert topic(assign='{"orders": [0], "refunds": [0]}') is None
+    assert topic(subscribePattern="orders") is None
