@@ -32,7 +32,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH_DIR)
 
 import common
-from run import RESULTS_DIR, Workspace, git_revision, log, start_spark
+from run import RESULTS_DIR, Workspace, available_now_progress, git_revision, log, start_spark
 
 from kwatermark.options import DEFAULT_MIN_RECORDS_PER_PARTITION
 
@@ -61,22 +61,7 @@ def warm_batches(spark, fmt: str, options: dict[str, str], records: int, ws: Wor
                  label: str) -> dict:
     """One AvailableNow run into the noop sink; triggerExecution of every batch after the
     first, and how many Spark tasks each batch ran."""
-    reader = spark.readStream.format(fmt)
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    query = (reader.load().writeStream.format("noop")
-             .option("checkpointLocation", ws.fresh("checkpoint"))
-             .trigger(availableNow=True).start())
-    query.awaitTermination(1800)
-    if query.isActive:
-        query.stop()
-        raise RuntimeError(f"{label} did not finish in 30 minutes")
-    if query.exception() is not None:
-        raise RuntimeError(f"{label} failed: {query.exception()}")
-    progress = [p for p in query.recentProgress if p.numInputRows > 0]
-    total = sum(p.numInputRows for p in progress)
-    if total != records:
-        raise RuntimeError(f"{label} read {total} records, expected {records}")
+    progress = available_now_progress(spark, fmt, options, records, label, ws, 1800)
     full = max(p.numInputRows for p in progress)
     warm = [p for p in progress[1:] if p.numInputRows == full]
     return {"trigger_s": [p.durationMs.get("triggerExecution", 0) / 1000.0 for p in warm],

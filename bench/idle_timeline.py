@@ -27,6 +27,26 @@ from tests.support.streams import Batches, kwatermark_stream, run_available_now,
 POLICIES = ("none", "timeout", "caught-up", "advance")
 
 
+def session_and_broker(bootstrap_servers: str | None):
+    """A local[2] SparkSession in UTC, the broker at ``bootstrap_servers`` or a local Tansu
+    started here, and that local broker (None for an external one; the caller stops it)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    local = None
+    if bootstrap_servers:
+        broker = TestBroker(bootstrap_servers, "external")
+    else:
+        from kwatermark.localbroker import LocalBroker
+
+        local = LocalBroker.start()
+        broker = TestBroker(local.bootstrap_servers, "tansu")
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark, broker, local
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap-servers")
@@ -36,20 +56,7 @@ def main() -> int:
                         help="event time between partition 0's records (default 60: well "
                              "ahead of processing time, so advance's clock is visible)")
     args = parser.parse_args()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    local = None
-    if args.bootstrap_servers:
-        broker = TestBroker(args.bootstrap_servers, "external")
-    else:
-        from kwatermark.localbroker import LocalBroker
-
-        local = LocalBroker.start()
-        broker = TestBroker(local.bootstrap_servers, "tansu")
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark, broker, local = session_and_broker(args.bootstrap_servers)
     marks: dict[str, list] = {}
     for policy in POLICIES:
         start = int(time.time() * 1000) - 30_000  # event times from 30 s ago

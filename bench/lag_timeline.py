@@ -29,7 +29,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.support.kafka import Record, TestBroker, TopicWriter
+from idle_timeline import session_and_broker  # bench/ is on the path of its scripts
+
+from tests.support.kafka import Record, TopicWriter
 from tests.support.streams import kwatermark_stream
 
 
@@ -72,23 +74,10 @@ def main() -> int:
     parser.add_argument("--checkpoint")
     parser.add_argument("--stall-seconds", type=int, default=10)
     args = parser.parse_args()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ["TZ"] = "UTC"
-    from pyspark.sql import SparkSession
-
     from kwatermark.inspect import checkpoint_table, format_table, plot
 
-    local = None
-    if args.bootstrap_servers:
-        broker = TestBroker(args.bootstrap_servers, "external")
-    else:
-        from kwatermark.localbroker import LocalBroker
-
-        local = LocalBroker.start()
-        broker = TestBroker(local.bootstrap_servers, "tansu")
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark, broker, local = session_and_broker(args.bootstrap_servers)
     checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="kw-lag-")
     writer = TopicWriter(broker, broker.create_topic(3, name="orders" if local else None))
     frame = kwatermark_stream(spark, broker, writer.topic, maxOffsetsPerTrigger=300, **{

@@ -220,31 +220,39 @@ def ceiling_options(records: int, partitions: int, batches: int) -> dict[str, st
             "perTrigger": str(-(-records // batches))}
 
 
-def run_streaming(spark, fmt: str, options: dict[str, str], records: int, label: str,
-                  ws: Workspace, meter: CpuMeter) -> dict:
-    """One AvailableNow run into the noop sink on a fresh checkpoint, split into micro-batches
-    by the options; warm throughput is the records of batches 2.. over the sum of their
-    durations (Spark's durationMs.triggerExecution, and addBatch alone)."""
+def available_now_progress(spark, fmt: str, options: dict[str, str], records: int,
+                           label: str, ws: Workspace, timeout_s: int = 600) -> list:
+    """One AvailableNow run into the noop sink on a fresh checkpoint: the progress of its
+    batches that read records, after checking they read exactly ``records``."""
     reader = spark.readStream.format(fmt)
     for key, value in options.items():
         reader = reader.option(key, value)
-    cpu = meter.snapshot()
-    started = time.perf_counter()
     query = (reader.load().writeStream.format("noop")
              .option("checkpointLocation", ws.fresh("checkpoint"))
              .trigger(availableNow=True).start())
-    query.awaitTermination(600)
-    wall = time.perf_counter() - started
-    cpu = meter.since(cpu, wall)
+    query.awaitTermination(timeout_s)
     if query.isActive:
         query.stop()
-        raise RuntimeError(f"streaming run {label} did not finish in 600 s")
+        raise RuntimeError(f"streaming run {label} did not finish in {timeout_s} s")
     if query.exception() is not None:
         raise RuntimeError(f"streaming run {label} failed: {query.exception()}")
     progress = [p for p in query.recentProgress if p.numInputRows > 0]
     total = sum(p.numInputRows for p in progress)
     if total != records:
         raise RuntimeError(f"streaming run {label} read {total} records, expected {records}")
+    return progress
+
+
+def run_streaming(spark, fmt: str, options: dict[str, str], records: int, label: str,
+                  ws: Workspace, meter: CpuMeter) -> dict:
+    """One AvailableNow run into the noop sink on a fresh checkpoint, split into micro-batches
+    by the options; warm throughput is the records of batches 2.. over the sum of their
+    durations (Spark's durationMs.triggerExecution, and addBatch alone)."""
+    cpu = meter.snapshot()
+    started = time.perf_counter()
+    progress = available_now_progress(spark, fmt, options, records, label, ws)
+    wall = time.perf_counter() - started
+    cpu = meter.since(cpu, wall)
     warm = progress[1:]
     rows = sum(p.numInputRows for p in warm)
     trigger_ms = sum(p.durationMs.get("triggerExecution", 0) for p in warm)
