@@ -29,6 +29,7 @@ import pytest
 from kwatermark.options import default_state_location
 from tests.support.cluster import ClusterDriver, StandaloneCluster, durations, rows
 from tests.support.kafka import Record, TopicWriter
+from tests.support.streams import lagging_three_partitions
 
 BOUND_MS = 2_000
 PARTITIONS = 3
@@ -37,15 +38,7 @@ PER_TRIGGER = 60      # 300 records: 5 micro-batches
 
 
 def data() -> list[Record]:
-    """Partition 1 lags 20 s behind the others, so it holds the watermark; partition 2 is out
-    of order within the bound."""
-    records = []
-    for i in range(PER_PARTITION):
-        records.append(Record(0, 100_000 + 1_000 * i, value=f"0:{i}".encode()))
-        records.append(Record(1, 80_000 + 1_000 * i, value=f"1:{i}".encode()))
-        jitter = -1_500 if i % 3 == 1 else 0
-        records.append(Record(2, 100_300 + 1_000 * i + jitter, value=f"2:{i}".encode()))
-    return records
+    return lagging_three_partitions(PER_PARTITION)
 
 
 def produced() -> list[tuple]:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from tests.support.kafka import Record
+from tests.support.streams import lagging_three_partitions
 
 BOUND_MS = 2_000
 PARTITIONS = 3
@@ -20,14 +21,7 @@ PER_PARTITION = 30
 
 
 def data() -> list[Record]:
-    """Partition 1 lags 20 s behind the others; partition 2 is out of order within bounds."""
-    records = []
-    for i in range(PER_PARTITION):
-        records.append(Record(0, 100_000 + 1_000 * i, value=f"0:{i}".encode()))
-        records.append(Record(1, 80_000 + 1_000 * i, value=f"1:{i}".encode()))
-        jitter = -1_500 if i % 3 == 1 else 0
-        records.append(Record(2, 100_300 + 1_000 * i + jitter, value=f"2:{i}".encode()))
-    return records
+    return lagging_three_partitions(PER_PARTITION)
 
 
 def partition_wm(timestamps: list[int]) -> int | None:

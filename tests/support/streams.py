@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from tests.support.kafka import Record
+
 
 def kwatermark_stream(spark, broker, topic: str | None = None, fmt: str = "kwatermark",
                       **options):
@@ -82,3 +84,15 @@ def epoch_ms(value) -> int | None:
     if value.tzinfo is None:
         value = value.replace(tzinfo=dt.timezone.utc)
     return round(value.timestamp() * 1000)
+
+
+def lagging_three_partitions(per_partition: int) -> list[Record]:
+    """Three partitions: partition 1 lags 20 s behind the others, so it holds the watermark;
+    partition 2 is out of order within a 2 s bound. Values are "<partition>:<i>"."""
+    records = []
+    for i in range(per_partition):
+        records.append(Record(0, 100_000 + 1_000 * i, value=f"0:{i}".encode()))
+        records.append(Record(1, 80_000 + 1_000 * i, value=f"1:{i}".encode()))
+        jitter = -1_500 if i % 3 == 1 else 0
+        records.append(Record(2, 100_300 + 1_000 * i + jitter, value=f"2:{i}".encode()))
+    return records
