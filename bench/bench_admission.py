@@ -43,13 +43,10 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH_DIR)
 
 import common
+from run import log, start_spark
 
 HOUR_MS = 3_600_000
 WINDOW = "1 minute"
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -68,25 +65,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--results", default=os.path.join(BENCH_DIR, "results"))
     return parser.parse_args(argv)
-
-
-def start_spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master("local[2]")
-             .appName("kwatermark-bench-admission")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.memory", "2g")
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.sql.streaming.numRecentProgressUpdates", "10000")
-             .config("spark.sql.streaming.stopTimeout", "30s")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 def produce_backlog(broker: common.Broker, topic: str, records: int, start_ms: int) -> None:
@@ -264,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     broker = common.Broker.open(args.bootstrap_servers)
     log(f"broker: {broker.kind} at {broker.bootstrap_servers}")
     try:
-        spark = start_spark()
+        spark, _ = start_spark("kwatermark-bench-admission", conf={
+            "spark.sql.streaming.numRecentProgressUpdates": "10000"})
         start_ms = 1_700_000_000_000
         backlog = broker.create_topic(1, "adm-backlog")
         began = time.perf_counter()

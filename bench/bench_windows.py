@@ -43,7 +43,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH_DIR)
 
 import common
-from run import CpuMeter, Workspace, git_revision, log, median
+from run import CpuMeter, Workspace, git_revision, log, median, start_spark
 
 SIZE_MS = 10_000
 MARKER_GAP_MS = 20_000
@@ -123,25 +123,6 @@ def truth(records: int, keys: int) -> dict[tuple[str, int], int]:
 
 
 # -- Spark ------------------------------------------------------------------------------------
-
-
-def start_spark(shuffle_partitions: int):
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    started = time.perf_counter()
-    spark = (SparkSession.builder.master("local[2]")
-             .appName("kwatermark-bench-windows")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-             .config("spark.driver.memory", "2g")
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.sql.streaming.stopTimeout", "30s")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark, time.perf_counter() - started
 
 
 PROVIDER = "spark.sql.streaming.stateStore.providerClass"
@@ -293,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         expected = truth(args.records, args.keys)
         log(f"  produced in {results['sizes']['produce_s']:.1f} s; {len(expected):,} "
             f"(key, window) pairs")
-        spark, start_s = start_spark(args.shuffle_partitions)
+        spark, start_s = start_spark("kwatermark-bench-windows", args.shuffle_partitions)
         results["session_start_s"] = start_s
         meter = CpuMeter(broker.pid)
         per_trigger = -(-args.records // args.batches)

@@ -104,7 +104,9 @@ def median(values: list[float]) -> float:
 # -- Spark -----------------------------------------------------------------------------
 
 
-def start_spark():
+def start_spark(app: str = "kwatermark-bench", shuffle_partitions: int = 2,
+                conf: dict[str, str] | None = None):
+    """The benchmarks' local[2] session (every script's), and the seconds it took to start."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # The ceiling source lives in bench/common.py: Spark's Python workers import it.
@@ -113,15 +115,17 @@ def start_spark():
     from pyspark.sql import SparkSession
 
     started = time.perf_counter()
-    spark = (SparkSession.builder.master("local[2]")
-             .appName("kwatermark-bench")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.memory", "2g")
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.sql.streaming.stopTimeout", "30s")
-             .getOrCreate())
+    builder = (SparkSession.builder.master("local[2]")
+               .appName(app)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+               .config("spark.driver.memory", "2g")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.streaming.stopTimeout", "30s"))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(common.ceiling_source())
     return spark, time.perf_counter() - started
