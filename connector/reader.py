@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
 from kwatermark import arrow
@@ -62,7 +62,10 @@ class Decoders:
     value_on_error: str = "fail"
 
 
-def open_consumer(options: SourceOptions, remaining: int) -> Consumer:
+def open_consumer(options: SourceOptions, remaining: int, partitions: int = 1) -> Consumer:
+    """A consumer for one task: ``remaining`` is the most records it reads from any one
+    partition (librdkafka's prefetch, ``queued.min.messages``, is per partition), and
+    ``partitions`` how many partitions it reads."""
     conf = options.consumer_conf()
     conf.update({
         "group.id": options.group_id or f"{options.group_id_prefix}-{uuid.uuid4().hex[:12]}",
@@ -73,11 +76,53 @@ def open_consumer(options: SourceOptions, remaining: int) -> Consumer:
     })
     conf.setdefault("queued.min.messages", max(1, min(remaining, MAX_PREFETCH_MESSAGES)))
     conf.setdefault("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS)
+    if partitions > 1 and "fetch.max.bytes" not in conf:
+        conf["fetch.max.bytes"] = pack_fetch_bytes(conf)
     try:
         return Consumer(conf)
     except KafkaException as exc:
         raise KWatermarkError(f"cannot create a Kafka consumer from the kafka.* options: "
                               f"{exc.args[0] if exc.args else exc}") from exc
+
+
+def pack_fetch_bytes(conf: dict) -> int:
+    """A pack's Fetch size: what a task reading one partition fetches per request
+    (``max.partition.fetch.bytes``), not librdkafka's 50 MB total.
+
+    A pack's ranges are small, but the partitions usually go on past them: with the default,
+    every Fetch brings back up to 1 MB of every partition of the pack, nearly all of it past
+    the ranges' ends, to be parsed and thrown away (512 partitions of 40 records: the
+    broker's answers took 0.6 s where 20,000 records needed 0.1 s; bench/README.md).
+    librdkafka refuses a ``fetch.max.bytes`` below ``message.max.bytes``."""
+    partition = int(conf.get("max.partition.fetch.bytes",
+                             conf.get("fetch.message.max.bytes", 1_048_576)))
+    return max(partition, int(conf.get("message.max.bytes", 1_000_000)))
+
+
+def partition_bounds(consumer: Consumer, options: SourceOptions, tasks: list[RangeTask]
+                     ) -> dict[tuple[str, int], tuple[int, int]]:
+    """Every task's partition's earliest and end offsets, in one ListOffsets request per
+    leader for each (``get_watermark_offsets`` asks once per partition). The consumer's
+    ``isolation.level`` applies, as it does to ``get_watermark_offsets``."""
+    tps = list(dict.fromkeys(task.tp for task in tasks))
+    timeout = options.poll_timeout_ms / 1000.0
+    found: dict[str, dict[tuple[str, int], int]] = {}
+    for name, which in (("low", OFFSET_BEGINNING), ("high", OFFSET_END)):
+        try:
+            answer = consumer.offsets_for_times([KafkaTP(t, p, which) for t, p in tps],
+                                                timeout)
+        except KafkaException as exc:
+            raise _offsets_error(options, tps[0], exc.args[0] if exc.args else exc) from exc
+        for tp in answer:
+            if tp.error is not None:
+                raise _offsets_error(options, (tp.topic, tp.partition), tp.error)
+        found[name] = {(tp.topic, tp.partition): tp.offset for tp in answer}
+    return {tp: (found["low"][tp], found["high"][tp]) for tp in tps}
+
+
+def _offsets_error(options: SourceOptions, tp: tuple[str, int], error: object) -> BrokerError:
+    return BrokerError(f"topic {tp[0]}, partition {tp[1]}: cannot fetch offsets from "
+                       f"kafka.bootstrap.servers={options.bootstrap_servers!r}: {error}")
 
 
 class RangeReader:
@@ -113,7 +158,8 @@ class RangeReader:
             return
         consumer = open_consumer(self.options, task.end - task.start)
         try:
-            start, end = self._check_range(consumer)
+            start, end = self._check_range(
+                *partition_bounds(consumer, self.options, [task])[task.tp])
             if end > start:
                 consumer.assign([KafkaTP(task.topic, task.partition, start)])
                 for block in self._blocks(consumer, start, end):
@@ -124,18 +170,11 @@ class RangeReader:
             consumer.close()
         self.progress = self._progress()
 
-    def _check_range(self, consumer: Consumer) -> tuple[int, int]:
-        """Records planned earlier may be gone (retention, a deleted or recreated topic)."""
+    def _check_range(self, low: int, high: int) -> tuple[int, int]:
+        """The part of the range still in the partition, whose offsets are now
+        ``[low, high)``: records planned earlier may be gone (retention, a deleted or
+        recreated topic)."""
         task = self.task
-        try:
-            low, high = consumer.get_watermark_offsets(
-                KafkaTP(task.topic, task.partition),
-                timeout=self.options.poll_timeout_ms / 1000.0, cached=False)
-        except KafkaException as exc:
-            raise BrokerError(
-                f"topic {task.topic}, partition {task.partition}: cannot fetch offsets from "
-                f"kafka.bootstrap.servers={self.options.bootstrap_servers!r}: "
-                f"{exc.args[0] if exc.args else exc}") from exc
         start, end = task.start, task.end
         if low > start:
             self._data_loss(f"offsets [{start}, {min(low, end)}) are no longer available "
@@ -373,9 +412,12 @@ class PackReader:
         self.progress: list[tuple[RangeTask, ProgressRecord]] | None = None
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        planned = sum(max(0, r.task.end - r.task.start) for r in self.readers)
+        planned: dict[tuple[str, int], int] = {}
+        for r in self.readers:
+            if r.task.end > r.task.start:
+                planned[r.task.tp] = planned.get(r.task.tp, 0) + r.task.end - r.task.start
         if planned:
-            consumer = open_consumer(self.options, planned)
+            consumer = open_consumer(self.options, max(planned.values()), len(planned))
             try:
                 yield from self._read(consumer)
             finally:
@@ -386,10 +428,10 @@ class PackReader:
         # A partition's sub-ranges (minPartitions) in one pack are contiguous and in offset
         # order: the partition is assigned once, at the first one's start.
         lanes: dict[tuple[str, int], list[_Pending]] = {}
-        for reader in self.readers:
-            if reader.task.end <= reader.task.start:
-                continue
-            start, end = reader._check_range(consumer)
+        reading = [r for r in self.readers if r.task.end > r.task.start]
+        bounds = partition_bounds(consumer, self.options, [r.task for r in reading])
+        for reader in reading:
+            start, end = reader._check_range(*bounds[reader.task.tp])
             lanes.setdefault(reader.task.tp, []).append(
                 _Pending(reader, start, end, self.layout.include_headers))
         for lane in lanes.values():
@@ -412,6 +454,7 @@ class PackReader:
                     f"{waiting.position} (range ends at {waiting.end}) within "
                     f"kafkaConsumer.pollTimeoutMs={self.options.poll_timeout_ms} from "
                     f"kafka.bootstrap.servers={self.options.bootstrap_servers!r}")
+            finished = []
             for message in messages:
                 tp = (message.topic(), message.partition())
                 lane = lanes.get(tp)
@@ -430,7 +473,9 @@ class PackReader:
                 lane[:] = [p for p in lane if not p.done]
                 if not lane:
                     del lanes[tp]
-                    consumer.pause([KafkaTP(*tp)])
+                    finished.append(KafkaTP(*tp))
+            if finished:
+                consumer.pause(finished)
             self._trip_faults(lanes)
 
     @staticmethod
