@@ -55,8 +55,20 @@ def record_key(task: RangeTask, fingerprint: dict) -> str:
     return hashlib.sha256(content.encode()).hexdigest()[:32]
 
 
+def pack_key(tasks: tuple[RangeTask, ...], fingerprint: dict) -> str:
+    """A pack's key: its ranges' keys, in order (the same ranges packed otherwise, or in
+    another order, are another pack)."""
+    content = ",".join(record_key(task, fingerprint) for task in tasks)
+    return hashlib.sha256(content.encode()).hexdigest()[:32]
+
+
 class ProgressLedger:
     """``watermark.stateLocation``: a directory of small JSON progress records.
+
+    A task that reads one range writes that range's record; a task that reads a pack of
+    several ranges (DESIGN §12) writes one file holding all of their records, in the
+    directory of its first range, so a 512-range pack costs one write, one read and one
+    delete instead of 512 of each.
 
     >>> ledger = ProgressLedger("/tmp/kwatermark-ledger")  # or "s3://bucket/ledger"
     """
@@ -94,14 +106,34 @@ class ProgressLedger:
         return (f"{self._dir(task)}/{task.start:020d}-{task.end:020d}-"
                 f"{record_key(task, fingerprint)}.json")
 
+    def _pack_path(self, tasks: tuple[RangeTask, ...], fingerprint: dict) -> str:
+        # Named like its first range's record (``forget_before`` reads the end offset from
+        # the name): it is deleted once that partition has moved past the first range, when
+        # every range of the pack, all from the same batch, is behind its partition's start.
+        first = tasks[0]
+        return (f"{self._dir(first)}/{first.start:020d}-{first.end:020d}-"
+                f"{pack_key(tasks, fingerprint)}.pack.json")
+
     def publish(self, task: RangeTask, fingerprint: dict, record: ProgressRecord) -> None:
+        self._write(task, self._path(task, fingerprint), record.to_json())
+
+    def publish_pack(self, tasks: tuple[RangeTask, ...], fingerprint: dict,
+                     records: list[ProgressRecord]) -> None:
+        """The records of a pack's ranges, in the pack's order, as one file; a pack of one
+        range writes that range's record."""
+        if len(tasks) == 1:
+            self.publish(tasks[0], fingerprint, records[0])
+            return
+        self._write(tasks[0], self._pack_path(tasks, fingerprint),
+                    {"ranges": [record.to_json() for record in records]})
+
+    def _write(self, first: RangeTask, path: str, content: dict) -> None:
         fs, _ = self._filesystem()
-        path = self._path(task, fingerprint)
-        fs.create_dir(self._dir(task), recursive=True)
+        fs.create_dir(self._dir(first), recursive=True)
         # Write then rename, so a reader never sees half a record from a task cut short.
         temporary = f"{path}.{uuid.uuid4().hex}.tmp"
         with fs.open_output_stream(temporary) as out:
-            out.write(json.dumps(record.to_json(), sort_keys=True).encode())
+            out.write(json.dumps(content, sort_keys=True).encode())
         fs.move(temporary, path)
 
     # -- is the default location shared? -------------------------------------------------
@@ -156,18 +188,63 @@ class ProgressLedger:
                         self.location, exc)
             return False
 
+    def offer_pack(self, tasks: tuple[RangeTask, ...], fingerprint: dict,
+                   records: list[ProgressRecord]) -> bool:
+        """``offer`` for the ranges of one Spark task."""
+        if len(tasks) == 1:
+            return self.offer(tasks[0], fingerprint, records[0])
+        try:
+            self.publish_pack(tasks, fingerprint, records)
+            return True
+        except (OSError, OptionError) as exc:
+            first = tasks[0]
+            log.warning("cannot write the progress records of %d ranges (topic %s partition "
+                        "%s offsets [%d, %d) and %d more) to watermark.stateLocation=%s "
+                        "(%s); the driver will recompute them", len(tasks), first.topic,
+                        first.partition, first.start, first.end, len(tasks) - 1,
+                        self.location, exc)
+            return False
+
     def lookup(self, task: RangeTask, fingerprint: dict) -> ProgressRecord | None:
+        data = self._read(self._path(task, fingerprint))
+        try:
+            return None if data is None else ProgressRecord.from_json(data)
+        except (KeyError, TypeError) as exc:
+            return self._unreadable(self._path(task, fingerprint), exc)
+
+    def lookup_pack(self, tasks: tuple[RangeTask, ...], fingerprint: dict
+                    ) -> list[ProgressRecord] | None:
+        """The records ``publish_pack`` wrote for these ranges, in their order, or None."""
+        if len(tasks) == 1:
+            record = self.lookup(tasks[0], fingerprint)
+            return None if record is None else [record]
+        path = self._pack_path(tasks, fingerprint)
+        data = self._read(path)
+        if data is None:
+            return None
+        try:
+            records = [ProgressRecord.from_json(r) for r in data["ranges"]]
+        except (KeyError, TypeError) as exc:
+            return self._unreadable(path, exc)
+        if len(records) != len(tasks):
+            return self._unreadable(path, f"{len(records)} records for {len(tasks)} ranges")
+        return records
+
+    def _read(self, path: str) -> dict | None:
         fs, _ = self._filesystem()
-        path = self._path(task, fingerprint)
         try:
             with fs.open_input_stream(path) as source:
-                return ProgressRecord.from_json(json.loads(source.read()))
+                data = json.loads(source.read())
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("progress record %s is unreadable (%s); it will be recomputed",
-                        path, exc)
-            return None
+        except (OSError, ValueError) as exc:
+            return self._unreadable(path, exc)
+        return data if isinstance(data, dict) else self._unreadable(path, "not an object")
+
+    @staticmethod
+    def _unreadable(path: str, reason: object) -> None:
+        log.warning("progress record %s is unreadable (%s); it will be recomputed",
+                    path, reason)
 
     def forget_before(self, topic: str, partition: int, offset: int) -> None:
         """Delete records of ranges ending at or before ``offset`` (no longer needed)."""

@@ -378,8 +378,12 @@ class BatchPlanner:
     def packed_tasks(self, offset: BatchOffset) -> list[tuple[RangeTask, ...]]:
         """The ranges of ``tasks(offset)`` grouped into Spark tasks (``minRecordsPerPartition``,
         DESIGN §12). Packing changes which task reads a range, never the range's rows or
-        progress record, so ``fold`` works on ``tasks`` alone."""
-        return pack_tasks(self.tasks(offset), self.options.min_records_per_partition,
+        progress record; a pack's records are stored together, which ``fold`` finds by
+        packing ``tasks`` again (a pure function of the offset and the options)."""
+        return self._packs(self.tasks(offset))
+
+    def _packs(self, tasks: list[RangeTask]) -> list[tuple[RangeTask, ...]]:
+        return pack_tasks(tasks, self.options.min_records_per_partition,
                           self.options.min_partitions, self.options.max_records_per_partition)
 
     def fold(self, offset: BatchOffset) -> tuple[dict[TopicPartition, PartitionState], int]:
@@ -391,12 +395,17 @@ class BatchPlanner:
         records: dict[TopicPartition, list[ProgressRecord]] = {}
         tasks = self.tasks(offset)
         recomputed = 0
-        for task in tasks:
-            record = self.ledger.lookup(task, self.fingerprint)
-            if record is None:
-                record = self._recompute(task)
-                recomputed += 1
-            records.setdefault(task.tp, []).append(record)
+        # Spark tasks wrote one file per pack (ledger.publish_pack); a range's own record
+        # is there when its pack's is not (a record recomputed here, or packed otherwise).
+        for pack in self._packs(tasks):
+            found = self.ledger.lookup_pack(pack, self.fingerprint) if len(pack) > 1 else None
+            for i, task in enumerate(pack):
+                record = (found[i] if found is not None
+                          else self.ledger.lookup(task, self.fingerprint))
+                if record is None:
+                    record = self._recompute(task)
+                    recomputed += 1
+                records.setdefault(task.tp, []).append(record)
         if recomputed:
             log.warning("recomputed %d of %d ranges of the last batch on the driver: their "
                         "progress records were not in watermark.stateLocation=%s (on a "

@@ -184,8 +184,8 @@ def _read(options: SourceOptions, layout: OutputLayout, decoders: Decoders, plan
         yield from pack
         progress = pack.progress
     if partition.publish:
-        for task, record in progress:
-            planner.ledger.offer(task, planner.fingerprint, record)
+        planner.ledger.offer_pack(tuple(t for t, _ in progress), planner.fingerprint,
+                                  [record for _, record in progress])
 
 
 class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

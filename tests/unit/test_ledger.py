@@ -190,3 +190,65 @@ def test_a_location_the_user_chose_needs_no_mark(tmp_path):
     assert ledger.driver_mark() is None
     ledger.require_shared(None)            # nothing to check: missing records are recomputed
     assert not (tmp_path / "shared").exists()
+
+
+# -- packs: one file for the ranges of one Spark task (DESIGN §12) ------------------------
+
+PACK = (task(0, 10), task(10, 20), task(5, 9, topic="other", partition=3), task(0, 1,
+                                                                                  partition=7))
+PACK_RECORDS = [replace(RECORD, count=n) for n in (10, 10, 4, 1)]
+
+
+def test_a_pack_is_one_file_holding_each_range_record_in_order(tmp_path):
+    ledger = ProgressLedger(str(tmp_path))
+    ledger.publish_pack(PACK, FINGERPRINT, PACK_RECORDS)
+    assert len(record_files(tmp_path)) == 1
+    assert ledger.lookup_pack(PACK, FINGERPRINT) == PACK_RECORDS
+    # Another grouping, order or configuration of the same ranges is another pack.
+    assert ledger.lookup_pack(PACK[:3], FINGERPRINT) is None
+    assert ledger.lookup_pack(PACK[::-1], FINGERPRINT) is None
+    assert ledger.lookup_pack(PACK, {**FINGERPRINT, "bound": 5}) is None
+    # A range's own record is not the pack's.
+    assert ledger.lookup(PACK[0], FINGERPRINT) is None
+
+
+def test_a_pack_of_one_range_is_that_range_record(tmp_path):
+    ledger = ProgressLedger(str(tmp_path))
+    ledger.publish_pack(PACK[:1], FINGERPRINT, PACK_RECORDS[:1])
+    assert ledger.lookup(PACK[0], FINGERPRINT) == PACK_RECORDS[0]
+    assert ledger.lookup_pack(PACK[:1], FINGERPRINT) == PACK_RECORDS[:1]
+
+
+@pytest.mark.parametrize("content", [
+    b"", b'{"ranges": [', b"[]", b'{"ranges": null}', b'{"ranges": [{"count": 1}]}',
+    b'{"ranges": []}',
+])
+def test_a_corrupt_pack_is_treated_as_missing(tmp_path, content):
+    ledger = ProgressLedger(str(tmp_path))
+    ledger.publish_pack(PACK, FINGERPRINT, PACK_RECORDS)
+    [path] = record_files(tmp_path)
+    path.write_bytes(content)
+    assert ledger.lookup_pack(PACK, FINGERPRINT) is None
+
+
+def test_a_pack_is_forgotten_once_its_first_partition_is_past_its_first_range(tmp_path):
+    ledger = ProgressLedger(str(tmp_path))
+    ledger.publish_pack(PACK, FINGERPRINT, PACK_RECORDS)
+    ledger.forget_before("other", 3, 100)       # another of its partitions: kept
+    ledger.forget_before("events", 0, 9)
+    assert ledger.lookup_pack(PACK, FINGERPRINT) == PACK_RECORDS
+    ledger.forget_before("events", 0, 10)
+    assert ledger.lookup_pack(PACK, FINGERPRINT) is None
+    assert record_files(tmp_path) == []
+
+
+def test_an_executor_that_cannot_write_its_pack_warns_and_does_not_fail(tmp_path, caplog):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the ledger's directory should be")
+    ledger = ProgressLedger(str(blocker / "ledger"))
+    with caplog.at_level("WARNING", logger="kwatermark.ledger"):
+        assert ledger.offer_pack(PACK, FINGERPRINT, PACK_RECORDS) is False
+    assert "watermark.stateLocation" in caplog.text
+    assert "4 ranges (topic events partition 0 offsets [0, 10) and 3 more)" in caplog.text
+    assert ProgressLedger(str(tmp_path / "ledger")).offer_pack(
+        PACK, FINGERPRINT, PACK_RECORDS) is True

@@ -97,6 +97,8 @@ def drive(records: list[list[int]], batches: list[list[int]], ledger_dir: str,
     ``source._read`` does; per batch: the offset, the rows, the progress records by ledger
     key, and the Spark tasks."""
     planner, broker = planner_for(len(records), ledger_dir, **extra)
+    # Every record is in the ledger: the fold must find it, never re-read a range.
+    planner._recompute = mock.Mock(side_effect=AssertionError("a range was recomputed"))
     offset = planner.initial_offset()
     seen = []
     for counts in batches:
@@ -110,11 +112,14 @@ def drive(records: list[list[int]], batches: list[list[int]], ledger_dir: str,
         assert [t for pack in packs for t in pack] == planner.tasks(end)
         rows, progress = [], {}
         for pack in packs:
+            pack_records = []
             for task in pack:
                 task_rows, record = read_task(planner, task, records[task.partition], 7)
-                planner.ledger.publish(task, planner.fingerprint, record)
+                pack_records.append(record)
                 rows += [(r.tp, r.offset, r.event_time, r.watermark) for r in task_rows]
                 progress[record_key(task, planner.fingerprint)] = record
+            # As source._read: one ledger file per Spark task.
+            planner.ledger.publish_pack(pack, planner.fingerprint, pack_records)
         seen.append({"offset": end.dumps(), "rows": sorted(rows), "progress": progress,
                      "tasks": [[(t.partition, t.start, t.end) for t in pack]
                                for pack in packs]})
@@ -185,3 +190,28 @@ def test_min_records_per_partition_option_is_validated():
     assert parse_options({**base, "minrecordsperpartition": "7"}).min_records_per_partition == 7
     with pytest.raises(OptionError, match="option minRecordsPerPartition"):
         parse_options({**base, "minRecordsPerPartition": "0"})
+
+
+def test_a_lost_pack_is_recomputed_range_by_range_and_counted(tmp_path, caplog):
+    """The driver finds a pack's records in its one file; without it, each range's own
+    record (one the driver recomputed before) or, failing that, a recompute."""
+    ledger = str(tmp_path / "ledger")
+    planner, broker = planner_for(6, ledger)
+    start = planner.initial_offset()
+    for p in range(6):
+        broker.ends[(TOPIC, p)] += 3
+    end = planner.latest_offset(start, ReadLimits())
+    [pack] = planner.packed_tasks(end)
+    assert len(pack) == 6
+    read = {task: read_task(planner, task, [100 + i for i in range(3)], 7)[1] for task in pack}
+    planner.ledger.publish_pack(pack, planner.fingerprint, [read[t] for t in pack])
+    planner._recompute = mock.Mock(side_effect=lambda task: read[task])
+    expected = planner.fold(end)
+    assert planner._recompute.call_count == 0
+    shutil.rmtree(ledger)
+    planner.ledger.publish(pack[1], planner.fingerprint, read[pack[1]])
+    planner._folded = {}
+    with caplog.at_level("WARNING", logger="kwatermark.planner"):
+        assert planner.fold(end) == expected
+    assert planner._recompute.call_count == 5
+    assert "recomputed 5 of 6 ranges of the last batch on the driver" in caplog.text
