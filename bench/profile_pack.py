@@ -11,7 +11,8 @@ order Spark calls them:
 * ``commit``: the ledger clean-up.
 
 Prints the median of each phase over the warm batches (the first is not counted) and, with
-``--cprofile N``, the top of a cProfile of the tasks of one warm batch at N partitions.
+``--cprofile N``, the top of a cProfile of the tasks of one warm batch at N partitions, and
+of ``latestOffset`` of another.
 
 Run: ``python bench/profile_pack.py --partitions 4,512``.
 """
@@ -93,11 +94,20 @@ def one_count(broker: common.Broker, n: int, args: argparse.Namespace) -> dict:
     phases: dict[str, list[float]] = {k: [] for k in
                                       ("latestOffset", "partitions", "read", "offer", "commit",
                                        "total")}
-    profile_text = None
+    profile_text = driver_text = None
     for batch in range(args.batches):
+        driver = None
+        if args.cprofile == n and batch == 2:
+            driver = cProfile.Profile()
+            driver.enable()
         t0 = time.perf_counter()
         end = reader.latestOffset(start, _max_rows(args.per_batch))
         t1 = time.perf_counter()
+        if driver is not None:
+            driver.disable()
+            out = io.StringIO()
+            pstats.Stats(driver, stream=out).sort_stats("cumulative").print_stats(args.top)
+            driver_text = out.getvalue()
         parts = reader.partitions(start, end)
         t2 = time.perf_counter()
         split = _Split()
@@ -126,7 +136,7 @@ def one_count(broker: common.Broker, n: int, args: argparse.Namespace) -> dict:
         start = end
     shutil.rmtree(options["watermark.stateLocation"], ignore_errors=True)
     return {"tasks": len(parts), "phases": {k: statistics.median(v) for k, v in phases.items()},
-            "profile": profile_text}
+            "profile": profile_text, "driver_profile": driver_text}
 
 
 def _max_rows(n: int):
@@ -158,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         if results[n]["profile"]:
             print(f"\ncProfile of the tasks of one warm batch, {n} partitions:")
             print(results[n]["profile"])
+            print(f"\ncProfile of latestOffset of one warm batch, {n} partitions:")
+            print(results[n]["driver_profile"])
     return 0
 
 

@@ -70,12 +70,41 @@ def kafka_columns(layout: OutputLayout, topic: str, partition: int, keys: list, 
                   offsets: np.ndarray, timestamps_ms: np.ndarray, timestamp_types: np.ndarray,
                   headers: list | None) -> list[pa.Array]:
     n = len(offsets)
+    return _kafka_columns(layout, [topic], np.full(n, partition, dtype=np.int32),
+                          np.zeros(n, dtype=np.int32), keys, values, offsets, timestamps_ms,
+                          timestamp_types, headers)
+
+
+def kafka_columns_of(layout: OutputLayout, blocks: list) -> list[pa.Array]:
+    """The Kafka columns of several ``RecordBlock``s (of any partitions), one after another."""
+    if len(blocks) == 1:
+        b = blocks[0]
+        return kafka_columns(layout, b.topic, b.partition, b.keys, b.values, b.offsets,
+                             b.timestamps_ms, b.timestamp_types, b.headers)
+    lengths = [len(b) for b in blocks]
+    topics = sorted({b.topic for b in blocks})
+    index = {topic: i for i, topic in enumerate(topics)}
+    return _kafka_columns(
+        layout, topics,
+        np.repeat(np.array([b.partition for b in blocks], dtype=np.int32), lengths),
+        np.repeat(np.array([index[b.topic] for b in blocks], dtype=np.int32), lengths),
+        [k for b in blocks for k in b.keys], [v for b in blocks for v in b.values],
+        np.concatenate([b.offsets for b in blocks]),
+        np.concatenate([b.timestamps_ms for b in blocks]),
+        np.concatenate([b.timestamp_types for b in blocks]),
+        [h for b in blocks for h in b.headers] if layout.include_headers else None)
+
+
+def _kafka_columns(layout: OutputLayout, topics: list[str], partitions: np.ndarray,
+                   topic_index: np.ndarray, keys: list, values: list, offsets: np.ndarray,
+                   timestamps_ms: np.ndarray, timestamp_types: np.ndarray,
+                   headers: list | None) -> list[pa.Array]:
     columns = [
         pa.array(keys, type=pa.binary()),
         pa.array(values, type=pa.binary()),
-        pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)),
-                                       pa.array([topic])).cast(pa.string()),
-        pa.array(np.full(n, partition, dtype=np.int32)),
+        pa.DictionaryArray.from_arrays(pa.array(topic_index),
+                                       pa.array(topics)).cast(pa.string()),
+        pa.array(partitions),
         pa.array(offsets, type=pa.int64()),
         timestamps(np.where(timestamps_ms < 0, UNDEFINED, timestamps_ms)),
         pa.array(timestamp_types, type=pa.int32()),

@@ -254,9 +254,12 @@ class RangeReader:
                           f"{position}: {error.str()}")
 
     def _process(self, block: RecordBlock) -> pa.RecordBatch:
-        columns = arrow.kafka_columns(self.layout, block.topic, block.partition, block.keys,
-                                      block.values, block.offsets, block.timestamps_ms,
-                                      block.timestamp_types, block.headers)
+        return assemble(self.layout, self.schema, self.options.late_records,
+                        [(block, self._compute(block))])
+
+    def _compute(self, block: RecordBlock) -> Computed:
+        """Decode, assign event times and watermark the rows of the range's next block,
+        advancing the range's state; the Arrow batch is built by ``assemble``."""
         key_array, key_errors = self._decode(block, "key")
         value_array, value_errors = self._decode(block, "value")
         block.value_decoded = value_array
@@ -271,29 +274,11 @@ class RangeReader:
         rows = row_watermarks(own_before, self.task.others_ms, self.previous,
                               self.task.counted, from_optional(self.task.floor_ms))
         self._account(event_times, rows, len(block))
-        columns += [arrow.timestamps(event_times), arrow.timestamps(rows)]
-        if self.layout.heartbeat:
-            columns.append(pa.array(np.zeros(len(block), dtype=bool)))
         late = None
         if self.options.late_records != "keep":
             late = ((event_times != UNDEFINED) & (rows != UNDEFINED)
                     & (event_times + self.options.allowed_lateness_ms <= rows))
-        if self.layout.flag_late:
-            columns.append(pa.array(late, type=pa.bool_()))
-        if self.layout.key_type is not None:
-            columns.append(key_array)
-        if self.layout.value_type is not None:
-            columns.append(value_array)
-        if self.layout.error_column:
-            columns.append(pa.array(errors if errors is not None else [None] * len(block),
-                                    type=pa.string()))
-        if self.layout.key_error_column:
-            columns.append(pa.array(key_errors if key_errors is not None
-                                    else [None] * len(block), type=pa.string()))
-        batch = pa.RecordBatch.from_arrays(columns, schema=self.schema)
-        if self.options.late_records == "drop":
-            batch = batch.filter(pa.array(~late))
-        return batch
+        return Computed(event_times, rows, late, key_array, value_array, errors, key_errors)
 
     def _decode(self, block: RecordBlock, role: str) -> tuple[pa.Array | None, list | None]:
         decoder = getattr(self.decoders, role)
@@ -323,6 +308,62 @@ class RangeReader:
             generator=self.generator.snapshot(), count=self.count,
             min_event_ms=self.min_event, max_event_ms=self.max_event,
             max_row_watermark=to_optional(self.max_row_watermark))
+
+
+@dataclass
+class Computed:
+    """What ``RangeReader._compute`` derived for one block, besides its Kafka columns."""
+
+    event_times: np.ndarray
+    rows: np.ndarray                 # each row's watermark
+    late: np.ndarray | None          # None with lateRecords=keep
+    key_array: pa.Array | None
+    value_array: pa.Array | None
+    errors: list | None
+    key_errors: list | None
+
+
+def assemble(layout: arrow.OutputLayout, schema: pa.Schema, late_records: str,
+             parts: list[tuple[RecordBlock, Computed]]) -> pa.RecordBatch:
+    """One Arrow batch of the rows of one or more blocks (of one or more ranges), in order:
+    a pack builds one batch for many small ranges instead of one each."""
+    blocks = [block for block, _ in parts]
+    computed = [c for _, c in parts]
+    n = sum(len(block) for block in blocks)
+    columns = arrow.kafka_columns_of(layout, blocks)
+
+    def joined(arrays: list[np.ndarray]) -> np.ndarray:
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+    def texts(lists: list[list | None]) -> pa.Array:
+        return pa.array([e for errors, block in zip(lists, blocks)
+                         for e in (errors if errors is not None else [None] * len(block))],
+                        type=pa.string())
+
+    event_times = joined([c.event_times for c in computed])
+    columns += [arrow.timestamps(event_times), arrow.timestamps(joined([c.rows
+                                                                       for c in computed]))]
+    if layout.heartbeat:
+        columns.append(pa.array(np.zeros(n, dtype=bool)))
+    late = None if late_records == "keep" else joined([c.late for c in computed])
+    if layout.flag_late:
+        columns.append(pa.array(late, type=pa.bool_()))
+    if layout.key_type is not None:
+        columns.append(_concat([c.key_array for c in computed]))
+    if layout.value_type is not None:
+        columns.append(_concat([c.value_array for c in computed]))
+    if layout.error_column:
+        columns.append(texts([c.errors for c in computed]))
+    if layout.key_error_column:
+        columns.append(texts([c.key_errors for c in computed]))
+    batch = pa.RecordBatch.from_arrays(columns, schema=schema)
+    if late_records == "drop":
+        batch = batch.filter(pa.array(~late))
+    return batch
+
+
+def _concat(arrays: list[pa.Array]) -> pa.Array:
+    return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
 
 
 def _merge_errors(first: list | None, second: list | None) -> list | None:
@@ -361,7 +402,7 @@ def _trip_fault(task: RangeTask) -> None:
 
 
 class _Pending:
-    """One range of a pack while it is being read: its reader and the records not yet
+    """One range of a pack while it is being read: its reader and the messages not yet
     turned into a block."""
 
     def __init__(self, reader: RangeReader, start: int, end: int, with_headers: bool):
@@ -370,11 +411,7 @@ class _Pending:
         self.end = end
         self.fault = _fault_point(reader.task)
         self.with_headers = with_headers
-        self._clear()
-
-    def _clear(self) -> None:
-        self.keys, self.values, self.offsets, self.ts, self.types = [], [], [], [], []
-        self.headers = [] if self.with_headers else None
+        self.messages: list = []
 
     @property
     def done(self) -> bool:
@@ -382,13 +419,15 @@ class _Pending:
 
     def block(self) -> RecordBlock:
         task = self.reader.task
-        block = RecordBlock(
-            task.topic, task.partition, self.keys, self.values,
-            np.asarray(self.offsets, dtype=np.int64), np.asarray(self.ts, dtype=np.int64),
-            np.asarray(self.types, dtype=np.int32),
-            [_header_pairs(h) for h in self.headers] if self.headers is not None else None)
-        self._clear()
-        return block
+        messages, self.messages = self.messages, []
+        stamps = np.array([m.timestamp() for m in messages], dtype=np.int64).reshape(-1, 2)
+        return RecordBlock(
+            task.topic, task.partition, [m.key() for m in messages],
+            [m.value() for m in messages],
+            np.array([m.offset() for m in messages], dtype=np.int64), stamps[:, 1].copy(),
+            # librdkafka's timestamp types 1/2 -> Kafka's Java ids 0/1
+            (stamps[:, 0] - 1).astype(np.int32),
+            [_header_pairs(m.headers()) for m in messages] if self.with_headers else None)
 
 
 class PackReader:
@@ -410,6 +449,8 @@ class PackReader:
         self.layout = layout
         self.readers = [RangeReader(options, layout, decoders, task) for task in tasks]
         self.progress: list[tuple[RangeTask, ProgressRecord]] | None = None
+        self._ready: list[tuple[RecordBlock, Computed]] = []
+        self._ready_rows = 0
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         planned: dict[tuple[str, int], int] = {}
@@ -465,18 +506,39 @@ class PackReader:
                     remaining -= self._on_error(error, message, lane)
                 else:
                     remaining -= self._take(message, lane)
-                for pending in [p for p in lane if p.done or len(p.offsets) >= size]:
-                    if pending.offsets:
-                        batch = pending.reader._process(pending.block())
-                        if batch.num_rows:
-                            yield batch
-                lane[:] = [p for p in lane if not p.done]
+                # Records go to the first range of the lane not done: the ranges before it
+                # are done, and only it can be full.
+                while lane:
+                    head = lane[0]
+                    if head.messages and (head.done or len(head.messages) >= size):
+                        self._compute(head)
+                    if not head.done:
+                        break
+                    lane.pop(0)
                 if not lane:
                     del lanes[tp]
                     finished.append(KafkaTP(*tp))
             if finished:
                 consumer.pause(finished)
+            if self._ready_rows >= size or not lanes:
+                batch = self._assemble()
+                if batch is not None:
+                    yield batch
             self._trip_faults(lanes)
+
+    def _compute(self, pending: _Pending) -> None:
+        block = pending.block()
+        self._ready.append((block, pending.reader._compute(block)))
+        self._ready_rows += len(block)
+
+    def _assemble(self) -> pa.RecordBatch | None:
+        """The rows computed so far as one batch (None when there are none to yield)."""
+        ready, self._ready, self._ready_rows = self._ready, [], 0
+        if not ready:
+            return None
+        batch = assemble(self.layout, self.readers[0].schema, self.options.late_records,
+                         ready)
+        return batch if batch.num_rows else None
 
     @staticmethod
     def _take(message, lane: list[_Pending]) -> int:
@@ -492,14 +554,7 @@ class PackReader:
                 continue
             if offset < pending.position:
                 return covered   # before this range (a gap left by data loss)
-            pending.keys.append(message.key())
-            pending.values.append(message.value())
-            pending.offsets.append(offset)
-            kind, stamp = message.timestamp()
-            pending.types.append(kind - 1)  # librdkafka 1/2 -> Kafka's Java ids 0/1
-            pending.ts.append(stamp)
-            if pending.headers is not None:
-                pending.headers.append(message.headers())
+            pending.messages.append(message)
             covered += offset + 1 - pending.position
             pending.position = offset + 1
             return covered
