@@ -8,7 +8,8 @@ order Spark calls them:
 * ``partitions``: pack the ranges into Spark tasks;
 * ``read``: every task of the batch, one after another (the ranges, then the progress
   records offered to the ledger), split into reading and offering;
-* ``commit``: the ledger clean-up.
+* ``commit``: the ledger clean-up;
+* ``broker CPU``: what the broker (Tansu, when started here) spent while the tasks ran.
 
 Prints the median of each phase over the warm batches (the first is not counted) and, with
 ``--cprofile N``, the top of a cProfile of the tasks of one warm batch at N partitions, and
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pickle
 import pstats
 import shutil
@@ -93,7 +95,7 @@ def one_count(broker: common.Broker, n: int, args: argparse.Namespace) -> dict:
     start = reader.initialOffset()
     phases: dict[str, list[float]] = {k: [] for k in
                                       ("latestOffset", "partitions", "read", "offer", "commit",
-                                       "total")}
+                                       "total", "broker CPU")}
     profile_text = driver_text = None
     for batch in range(args.batches):
         driver = None
@@ -115,7 +117,9 @@ def one_count(broker: common.Broker, n: int, args: argparse.Namespace) -> dict:
         if args.cprofile == n and batch == 1:
             profiler = cProfile.Profile()
             profiler.enable()
+        broker_before = _cpu_s(broker.pid)
         rows = sum(run_task(worker, p, split) for p in parts)
+        broker_s = _cpu_s(broker.pid) - broker_before
         if profiler is not None:
             profiler.disable()
             out = io.StringIO()
@@ -127,7 +131,8 @@ def one_count(broker: common.Broker, n: int, args: argparse.Namespace) -> dict:
         if batch:
             for key, value in (("latestOffset", t1 - t0), ("partitions", t2 - t1),
                                ("read", split.read), ("offer", split.rest),
-                               ("commit", t4 - t3), ("total", t4 - t0)):
+                               ("commit", t4 - t3), ("total", t4 - t0),
+                               ("broker CPU", broker_s)):
                 phases[key].append(value)
         common_rows = sum(r.end - r.start for r in BatchOffset.from_json(end).partitions.values())
         if rows != common_rows:
@@ -137,6 +142,15 @@ def one_count(broker: common.Broker, n: int, args: argparse.Namespace) -> dict:
     shutil.rmtree(options["watermark.stateLocation"], ignore_errors=True)
     return {"tasks": len(parts), "phases": {k: statistics.median(v) for k, v in phases.items()},
             "profile": profile_text, "driver_profile": driver_text}
+
+
+def _cpu_s(pid: int | None) -> float:
+    """CPU seconds the broker process (Tansu, started here) has used; 0 for an external one."""
+    if pid is None:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _max_rows(n: int):
