@@ -9,6 +9,7 @@ order Spark calls them:
 * ``read``: every task of the batch, one after another (the ranges, then the progress
   records offered to the ledger), split into reading and offering;
 * ``commit``: the ledger clean-up;
+* ``task CPU``: this process's CPU (Python and librdkafka's threads) while the tasks ran;
 * ``broker CPU``: what the broker (Tansu, when started here) spent while the tasks ran.
 
 Prints the median of each phase over the warm batches (the first is not counted) and, with
@@ -95,7 +96,7 @@ def one_count(broker: common.Broker, n: int, args: argparse.Namespace) -> dict:
     start = reader.initialOffset()
     phases: dict[str, list[float]] = {k: [] for k in
                                       ("latestOffset", "partitions", "read", "offer", "commit",
-                                       "total", "broker CPU")}
+                                       "total", "task CPU", "broker CPU")}
     profile_text = driver_text = None
     for batch in range(args.batches):
         driver = None
@@ -108,7 +109,7 @@ def one_count(broker: common.Broker, n: int, args: argparse.Namespace) -> dict:
         if driver is not None:
             driver.disable()
             out = io.StringIO()
-            pstats.Stats(driver, stream=out).sort_stats("cumulative").print_stats(args.top)
+            pstats.Stats(driver, stream=out).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(args.top)
             driver_text = out.getvalue()
         parts = reader.partitions(start, end)
         t2 = time.perf_counter()
@@ -117,13 +118,15 @@ def one_count(broker: common.Broker, n: int, args: argparse.Namespace) -> dict:
         if args.cprofile == n and batch == 1:
             profiler = cProfile.Profile()
             profiler.enable()
-        broker_before = _cpu_s(broker.pid)
+        broker_before, own_before = _cpu_s(broker.pid), time.process_time()
         rows = sum(run_task(worker, p, split) for p in parts)
         broker_s = _cpu_s(broker.pid) - broker_before
+        own_s = time.process_time() - own_before
         if profiler is not None:
             profiler.disable()
             out = io.StringIO()
-            pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(args.top)
+            pstats.Stats(profiler, stream=out).sort_stats(os.environ.get("PROFILE_SORT",
+                                                                         "cumulative")).print_stats(args.top)
             profile_text = out.getvalue()
         t3 = time.perf_counter()
         reader.commit(end)
@@ -132,7 +135,7 @@ def one_count(broker: common.Broker, n: int, args: argparse.Namespace) -> dict:
             for key, value in (("latestOffset", t1 - t0), ("partitions", t2 - t1),
                                ("read", split.read), ("offer", split.rest),
                                ("commit", t4 - t3), ("total", t4 - t0),
-                               ("broker CPU", broker_s)):
+                               ("task CPU", own_s), ("broker CPU", broker_s)):
                 phases[key].append(value)
         common_rows = sum(r.end - r.start for r in BatchOffset.from_json(end).partitions.values())
         if rows != common_rows:

@@ -212,10 +212,13 @@ def rate_limit(begins: dict[TopicPartition, int], ends: dict[TopicPartition, int
     taken = dict.fromkeys(lags, 1)
     budget = max_rows - len(lags)
     rank = priority or {}
-    for level in sorted({rank.get(tp, 0) for tp in lags}):
+    levels: dict[int, dict[TopicPartition, int]] = {}
+    for tp, lag in lags.items():
+        levels.setdefault(rank.get(tp, 0), {})[tp] = lag - 1
+    for level in sorted(levels):
         if budget <= 0:
             break
-        rest = {tp: lag - 1 for tp, lag in lags.items() if rank.get(tp, 0) == level}
+        rest = levels[level]
         share = proportional(rest, min(budget, sum(rest.values())))
         for tp, n in share.items():
             taken[tp] += n
