@@ -5,12 +5,13 @@ per range."""
 from __future__ import annotations
 
 import pyarrow as pa
+from confluent_kafka import TopicPartition as KafkaTP
 from pyspark.sql import functions as F
 
 from kwatermark.arrow import OutputLayout
 from kwatermark.offsets import PartitionState, RangeTask
 from kwatermark.options import parse_options
-from kwatermark.reader import Decoders, PackReader, RangeReader
+from kwatermark.reader import Decoders, PackReader, RangeReader, open_consumer, partition_bounds
 from kwatermark.watermarks import NO_PARTITIONS
 from tests.support.kafka import Record
 from tests.support.streams import Batches, kwatermark_stream, run_available_now
@@ -60,6 +61,16 @@ def test_one_consumer_reads_a_pack_as_each_range_alone(broker, topic_factory, le
     assert sorted(packed_rows) == sorted(alone_rows)
     assert len(packed_rows) == sum(t.end - t.start for t in tasks)
     assert pack.progress == alone_progress
+    # The pack's one offset check per leader answers what librdkafka's per-partition
+    # get_watermark_offsets does.
+    consumer = open_consumer(options, 1)
+    try:
+        bounds = partition_bounds(consumer, options, tasks)
+        assert bounds == {(writer.topic, p): consumer.get_watermark_offsets(
+            KafkaTP(writer.topic, p), timeout=30, cached=False) for p in (0, 1, 2, 4, 5)}
+        assert bounds[(writer.topic, 0)] == (0, 20)
+    finally:
+        consumer.close()
 
 
 def run(spark, broker, topic: str, checkpoint: str, ledger: str, **options) -> Batches:

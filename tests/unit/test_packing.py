@@ -215,3 +215,14 @@ def test_a_lost_pack_is_recomputed_range_by_range_and_counted(tmp_path, caplog):
         assert planner.fold(end) == expected
     assert planner._recompute.call_count == 5
     assert "recomputed 5 of 6 ranges of the last batch on the driver" in caplog.text
+
+
+def test_a_pack_fetches_per_request_what_a_one_partition_task_fetches():
+    from kwatermark.reader import pack_fetch_bytes
+
+    assert pack_fetch_bytes({}) == 1_048_576                 # librdkafka's partition default
+    assert pack_fetch_bytes({"max.partition.fetch.bytes": "65536"}) == 1_000_000
+    assert pack_fetch_bytes({"max.partition.fetch.bytes": "4194304"}) == 4_194_304
+    assert pack_fetch_bytes({"fetch.message.max.bytes": "2000000"}) == 2_000_000
+    assert pack_fetch_bytes({"max.partition.fetch.bytes": "65536",
+                             "message.max.bytes": "100000"}) == 100_000
