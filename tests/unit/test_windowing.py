@@ -7,6 +7,7 @@ import doctest
 import math
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -584,3 +585,88 @@ def test_sessions_conserve_every_row_as_final_or_late(batches, gap):
     rows_ = [v for batch in batches for _, _, v in batch]
     assert sum(n for *_, (n, _, _, _) in got) == len(rows_)
     assert sum(total or 0 for *_, (_, total, _, _) in got) == sum(rows_)
+
+
+# -- combining before the shuffle: combine + apply_partials == apply ---------------------------
+
+ALL_AGGS = (Agg("rows", "count", None), Agg("n", "count", "v"), Agg("sum", "sum", "v"),
+            Agg("min", "min", "v"), Agg("max", "max", "v"), Agg("avg", "avg", "v"),
+            Agg("first", "first", "u"), Agg("last", "last", "u"))
+
+
+def table_of(rows_) -> pa.Table:
+    """A task's rows (t, w, v) as the shell hands them to combine; ``u`` is a function of the
+    time, so that first/last agree whichever of two rows at the same time is taken."""
+    return pa.table({
+        "key": pa.array([0] * len(rows_), pa.int64()),
+        "t": pa.array([t for t, _, _ in rows_], pa.int64()),
+        "w": pa.array([w for _, w, _ in rows_], pa.int64()),
+        "v": pa.array([v for _, _, v in rows_], pa.int64()),
+        "u": pa.array([None if v is None or t is None else (t * 7) % 11 for t, _, v in rows_],
+                      pa.int64())})
+
+
+def drive_combined(spec_, batches, splits) -> list[list[tuple]]:
+    """As ``drive``, but each batch's rows are cut into tasks, each task's rows combined on
+    their own, and the stateful step fed the partials (in any order)."""
+    state, out = KeyWindows(), []
+    marks = watermarks_at_batch_starts(batches)
+    for batch, mark, cut in zip(batches, marks, splits):
+        s = NO_WATERMARK if mark is None else mark
+        emitted = []
+        if batch:
+            tasks = [batch[:cut], batch[cut:]]
+            combined = pa.concat_tables([windowing.combine(spec_, table_of(task), ["key"],
+                                                           "t", "w")
+                                         for task in tasks[::-1] if task])
+            columns = {name: combined.column(name).to_pylist() for name in combined.column_names}
+            emitted += state.apply_partials(
+                spec_, windowing.partials(spec_, columns[windowing.START],
+                                          columns[windowing.IS_LATE], columns), s)
+        emitted += state.fire(spec_, s)
+        out.append(emitted)
+    out.append(state.fire(spec_, NO_WATERMARK if marks[-1] is None else marks[-1]))
+    return [sorted(((e.kind, e.start if e.start is not None else -10**9, e.end or 0,
+                     tuple(e.values)) for e in batch), key=lambda x: x[:3]) for batch in out]
+
+
+def drive_raw(spec_, batches) -> list[list[tuple]]:
+    state, out = KeyWindows(), []
+    marks = watermarks_at_batch_starts(batches)
+    for batch, mark in zip(batches, marks):
+        s = NO_WATERMARK if mark is None else mark
+        emitted = []
+        if batch:
+            table = table_of(batch)
+            emitted += state.apply(spec_, Rows(
+                np.asarray([NO_WATERMARK if t is None else t for t, _, _ in batch], np.int64),
+                np.asarray([NO_WATERMARK if w is None else w for _, w, _ in batch], np.int64),
+                {"v": np.asarray([np.nan if v is None else v for _, _, v in batch]),
+                 "u": np.asarray(table.column("u").to_pylist(), dtype=object)}), s)
+        emitted += state.fire(spec_, s)
+        out.append(emitted)
+    out.append(state.fire(spec_, NO_WATERMARK if marks[-1] is None else marks[-1]))
+    return [sorted(((e.kind, e.start if e.start is not None else -10**9, e.end or 0,
+                     tuple(None if isinstance(x, float) and math.isnan(x) else x
+                           for x in e.values)) for e in batch), key=lambda x: x[:3])
+            for batch in out]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), streams(), fixed_assigners, st.sampled_from([0, 0, 1, 5, 17, 40]))
+def test_rows_combined_per_task_give_what_the_rows_give(data, batches, geometry, lateness):
+    size, slide, offset = geometry
+    assigner = Tumbling(size, offset) if size == slide else Sliding(size, slide, offset)
+    spec_ = WindowSpec(assigner, ALL_AGGS, lateness)
+    # Some values null, some records without event time (late, no window).
+    batches = [[(None if data.draw(st.integers(0, 9)) == 0 else t, w,
+                 None if data.draw(st.integers(0, 5)) == 0 else v) for t, w, v in batch]
+               for batch in batches]
+    splits = [data.draw(st.integers(0, len(batch))) for batch in batches]
+    assert drive_combined(spec_, batches, splits) == drive_raw(spec_, batches)
+
+
+def test_combine_refuses_sessions():
+    with pytest.raises(WindowError, match="session"):
+        windowing.combine(WindowSpec(Session(5), COUNT), table_of([(1, 0, 1)]), ["key"], "t",
+                          "w")
