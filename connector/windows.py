@@ -87,7 +87,7 @@ _TIME, _MARK, _CLOCK, _BUCKET = ("kwatermark_time", "kwatermark_watermark", "kwa
 _INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
 # Keys share Spark's grouping key (and state value, and timer) by their hash modulo this: one
 # processor call per bucket and batch instead of one per key (see docs/windows.md, "State").
-KEY_BUCKETS = 64
+KEY_BUCKETS = 32
 # A directory: each task's processor writes a cProfile there (bench/bench_windows.py --profile).
 PROFILE_ENV = "KWATERMARK_WINDOWS_PROFILE"
 
