@@ -442,15 +442,18 @@ def watermarks_at_batch_starts(batches) -> list:
     return out
 
 
-def drive(spec_, batches, flush=None) -> list[list[tuple]]:
-    """The processor's calls: per batch ``apply`` then the timer phase's ``fire``, then one
-    no-data batch at the highest row watermark (and, if given, one more at ``flush``)."""
+def drive(spec_, batches, flush=None, feed=None) -> list[list[tuple]]:
+    """The processor's calls: per batch ``apply`` (or ``feed(state, b, batch, s)``) then the
+    timer phase's ``fire``, then one no-data batch at the highest row watermark (and, if
+    given, one more at ``flush``)."""
     state, out = KeyWindows(), []
     marks = watermarks_at_batch_starts(batches)
-    for batch, mark in zip(batches, marks):
+    for b, (batch, mark) in enumerate(zip(batches, marks)):
         s = NO_WATERMARK if mark is None else mark
         emitted = []
-        if batch:
+        if batch and feed is not None:
+            emitted += feed(state, b, batch, s)
+        elif batch:
             emitted += state.apply(spec_, Rows.of([t for t, _, _ in batch],
                                                   [w for _, w, _ in batch],
                                                   {"v": [v for _, _, v in batch]}), s)
@@ -459,7 +462,9 @@ def drive(spec_, batches, flush=None) -> list[list[tuple]]:
     out.append(state.fire(spec_, NO_WATERMARK if marks[-1] is None else marks[-1]))
     if flush is not None:
         out.append(state.fire(spec_, flush))
-    return [sorted((e.kind, e.start, e.end, tuple(e.values)) for e in batch) for batch in out]
+    # (kind, start, end) is unique in a batch; a late row without event time has no start.
+    return [sorted(((e.kind, e.start, e.end, tuple(e.values)) for e in batch),
+                   key=lambda x: (x[0], x[1] is not None, x[1] or 0)) for batch in out]
 
 
 def summary(values: list[int]) -> tuple:
@@ -606,50 +611,28 @@ def table_of(rows_) -> pa.Table:
                       pa.int64())})
 
 
-def drive_combined(spec_, batches, splits) -> list[list[tuple]]:
-    """As ``drive``, but each batch's rows are cut into tasks, each task's rows combined on
-    their own, and the stateful step fed the partials (in any order)."""
-    state, out = KeyWindows(), []
-    marks = watermarks_at_batch_starts(batches)
-    for batch, mark, cut in zip(batches, marks, splits):
-        s = NO_WATERMARK if mark is None else mark
-        emitted = []
-        if batch:
-            tasks = [batch[:cut], batch[cut:]]
-            combined = pa.concat_tables([windowing.combine(spec_, table_of(task), ["key"],
-                                                           "t", "w")
-                                         for task in tasks[::-1] if task])
-            columns = {name: combined.column(name).to_pylist() for name in combined.column_names}
-            emitted += state.apply_partials(
-                spec_, windowing.partials(spec_, columns[windowing.START],
-                                          columns[windowing.IS_LATE], columns), s)
-        emitted += state.fire(spec_, s)
-        out.append(emitted)
-    out.append(state.fire(spec_, NO_WATERMARK if marks[-1] is None else marks[-1]))
-    return [sorted(((e.kind, e.start if e.start is not None else -10**9, e.end or 0,
-                     tuple(e.values)) for e in batch), key=lambda x: x[:3]) for batch in out]
+def combined_feed(spec_, splits):
+    """Each batch's rows cut into two tasks at ``splits[b]``, each task's rows combined on
+    their own, and the stateful step fed the partials (in either order)."""
+    def feed(state, b, batch, s):
+        tasks = [batch[:splits[b]], batch[splits[b]:]]
+        combined = pa.concat_tables([windowing.combine(spec_, table_of(task), ["key"], "t", "w")
+                                     for task in tasks[::-1] if task])
+        columns = {name: combined.column(name).to_pylist() for name in combined.column_names}
+        return state.apply_partials(spec_, windowing.partials(
+            spec_, columns[windowing.START], columns[windowing.IS_LATE], columns), s)
+    return feed
 
 
-def drive_raw(spec_, batches) -> list[list[tuple]]:
-    state, out = KeyWindows(), []
-    marks = watermarks_at_batch_starts(batches)
-    for batch, mark in zip(batches, marks):
-        s = NO_WATERMARK if mark is None else mark
-        emitted = []
-        if batch:
-            table = table_of(batch)
-            emitted += state.apply(spec_, Rows(
-                np.asarray([NO_WATERMARK if t is None else t for t, _, _ in batch], np.int64),
-                np.asarray([NO_WATERMARK if w is None else w for _, w, _ in batch], np.int64),
-                {"v": np.asarray([np.nan if v is None else v for _, _, v in batch]),
-                 "u": np.asarray(table.column("u").to_pylist(), dtype=object)}), s)
-        emitted += state.fire(spec_, s)
-        out.append(emitted)
-    out.append(state.fire(spec_, NO_WATERMARK if marks[-1] is None else marks[-1]))
-    return [sorted(((e.kind, e.start if e.start is not None else -10**9, e.end or 0,
-                     tuple(None if isinstance(x, float) and math.isnan(x) else x
-                           for x in e.values)) for e in batch), key=lambda x: x[:3])
-            for batch in out]
+def raw_feed(spec_):
+    """The records as they are, with null times and values (``apply``)."""
+    def feed(state, b, batch, s):
+        return state.apply(spec_, Rows(
+            np.asarray([NO_WATERMARK if t is None else t for t, _, _ in batch], np.int64),
+            np.asarray([NO_WATERMARK if w is None else w for _, w, _ in batch], np.int64),
+            {"v": np.asarray([np.nan if v is None else v for _, _, v in batch]),
+             "u": np.asarray(table_of(batch).column("u").to_pylist(), dtype=object)}), s)
+    return feed
 
 
 @settings(max_examples=200, deadline=None)
@@ -663,7 +646,8 @@ def test_rows_combined_per_task_give_what_the_rows_give(data, batches, geometry,
                  None if data.draw(st.integers(0, 5)) == 0 else v) for t, w, v in batch]
                for batch in batches]
     splits = [data.draw(st.integers(0, len(batch))) for batch in batches]
-    assert drive_combined(spec_, batches, splits) == drive_raw(spec_, batches)
+    assert drive(spec_, batches, feed=combined_feed(spec_, splits)) == \
+        drive(spec_, batches, feed=raw_feed(spec_))
 
 
 def test_combine_refuses_sessions():
