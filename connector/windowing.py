@@ -287,6 +287,11 @@ class Slot:
     emitted: bool = False
     pending: bool = True
 
+    def __reduce__(self):
+        # Pickled by position: half the time of a dataclass's attribute dict (the shell pickles
+        # every open window of a bucket of keys in every micro-batch).
+        return (Slot, (self.acc, self.emitted, self.pending))
+
 
 @dataclass(frozen=True)
 class Emission:
@@ -394,7 +399,7 @@ class KeyWindows:
     def _add(self, spec: WindowSpec, window: tuple[int, int], partial: list) -> None:
         slot = self.slots.get(window)
         if slot is None:
-            self.slots[window] = Slot(spec.merge(spec.zero(), partial))
+            self.slots[window] = Slot(list(partial))      # merge(zero, partial) == partial
         else:
             slot.acc = spec.merge(slot.acc, partial)
             slot.pending = True
