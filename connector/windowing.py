@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from kwatermark.errors import KWatermarkError
 
@@ -271,6 +273,11 @@ class Rows:
     def __len__(self) -> int:
         return len(self.times)
 
+    def take(self, index: np.ndarray) -> Rows:
+        """The rows at ``index`` (positions)."""
+        return Rows(self.times[index], self.watermarks[index],
+                    {k: v[index] for k, v in self.columns.items()})
+
 
 @dataclass
 class Slot:
@@ -279,6 +286,11 @@ class Slot:
     acc: list
     emitted: bool = False
     pending: bool = True
+
+    def __reduce__(self):
+        # Pickled by position: half the time of a dataclass's attribute dict (the shell pickles
+        # every open window of a bucket of keys in every micro-batch).
+        return (Slot, (self.acc, self.emitted, self.pending))
 
 
 @dataclass(frozen=True)
@@ -367,10 +379,27 @@ class KeyWindows:
                                  spec.results(spec.partial(rows.columns, rows.times, chosen))))
         return late
 
+    def apply_partials(self, spec: WindowSpec, partials: Partials, watermark: int
+                       ) -> list[Emission]:
+        """:meth:`apply` for rows already combined per window and lateness (fixed windows
+        only): the same emissions as ``apply`` on the rows the partials were made of."""
+        emitted = self.fire(spec, watermark)
+        late: dict[tuple, list] = {}
+        for start, is_late, acc in zip(partials.starts, partials.late, partials.accs):
+            window = (None, None) if start is None else (start, start + spec.assigner.length_ms)
+            if is_late:
+                late[window] = spec.merge(late[window], acc) if window in late else acc
+            else:
+                self._add(spec, window, acc)
+        # As apply: rows without event time first, then the windows in order.
+        order = sorted(late, key=lambda w: (w[0] is not None, w[0] or 0))
+        return emitted + self.fire(spec, watermark) + [
+            Emission(LATE, *window, spec.results(late[window])) for window in order]
+
     def _add(self, spec: WindowSpec, window: tuple[int, int], partial: list) -> None:
         slot = self.slots.get(window)
         if slot is None:
-            self.slots[window] = Slot(spec.merge(spec.zero(), partial))
+            self.slots[window] = Slot(list(partial))      # merge(zero, partial) == partial
         else:
             slot.acc = spec.merge(slot.acc, partial)
             slot.pending = True
@@ -399,3 +428,118 @@ class KeyWindows:
             if spec.lateness_ms:
                 marks.add(end - 1 + spec.lateness_ms)
         return marks
+
+
+# -- combining rows before the shuffle (fixed windows) ----------------------------------------
+#
+# Whether a record is on time, allowed late or late depends only on its event time and its own
+# row watermark, so rows can be combined per (key, window, late?) where they are read, before
+# Spark moves them to the stateful step: what Spark's own aggregation does with its partial
+# aggregates. The stateful step then merges accumulators instead of folding records.
+
+START, IS_LATE = "kwatermark_start", "kwatermark_late"
+
+
+@dataclass
+class Partials:
+    """One key's combined rows: window start (None: records without event time, always late),
+    whether they are late, and per row the accumulators of ``spec.aggs``."""
+
+    starts: list
+    late: list
+    accs: list[list]
+
+    def take(self, index: Sequence[int]) -> Partials:
+        return Partials([self.starts[i] for i in index], [self.late[i] for i in index],
+                        [self.accs[i] for i in index])
+
+
+def accumulator_columns(spec: WindowSpec) -> list[list[tuple[str, str]]]:
+    """Per aggregation, the columns :func:`combine` gives its accumulator:
+    ``(name, role)`` with role ``value``, ``n`` (avg's count) or ``time`` (first/last)."""
+    out = []
+    for i, agg in enumerate(spec.aggs):
+        columns = [(f"kwatermark_a{i}", "value")]
+        if agg.function == "avg":
+            columns.append((f"kwatermark_a{i}_n", "n"))
+        if agg.function in ("first", "last"):
+            columns.append((f"kwatermark_a{i}_t", "time"))
+        out.append(columns)
+    return out
+
+
+def combine(spec: WindowSpec, table: pa.Table, keys: Sequence[str], time: str, mark: str
+            ) -> pa.Table:
+    """The rows of ``table`` combined per ``keys``, window start (column :data:`START`, null
+    for rows without event time) and lateness (:data:`IS_LATE`): the accumulators of
+    :func:`accumulator_columns` and ``mark``'s maximum. ``time`` and ``mark`` are epoch ms
+    (null: none / undefined watermark). Fixed windows only: sessions depend on their key's
+    other rows."""
+    if spec.assigner.merging:
+        raise WindowError("session windows cannot be combined before the shuffle")
+    times = table.column(time)
+    known = pc.is_valid(times).to_numpy(zero_copy_only=False)
+    marks = pc.fill_null(table.column(mark), NO_WATERMARK).to_numpy()
+    placed = np.flatnonzero(known)
+    index, starts = spec.assigner.assign(pc.fill_null(times, 0).to_numpy()[placed])
+    index = placed[index]
+    late = starts + spec.assigner.length_ms - 1 + spec.lateness_ms <= marks[index]
+    missing = np.flatnonzero(~known)
+    rows = table.take(np.concatenate([index, missing]))
+    rows = rows.append_column(START, pa.array(
+        np.concatenate([starts, np.zeros(len(missing), dtype=np.int64)]),
+        mask=np.concatenate([np.zeros(len(index), dtype=bool), np.ones(len(missing), bool)])))
+    rows = rows.append_column(IS_LATE, pa.array(
+        np.concatenate([late, np.ones(len(missing), dtype=bool)])))
+    if any(a.function in ("first", "last") for a in spec.aggs):
+        rows = rows.take(pc.sort_indices(rows, [(time, "ascending")]))  # stable
+    aggregations, names = [], []
+    for agg, columns in zip(spec.aggs, accumulator_columns(spec)):
+        name = columns[0][0]
+        if agg.column is None:
+            aggregations.append(([], "count_all"))
+            names.append((name, "count_all"))
+            continue
+        values = rows.column(agg.column)
+        rows = rows.append_column(name, values.cast(pa.float64()) if agg.function == "avg"
+                                  else values)
+        function = {"count": "count", "avg": "sum"}.get(agg.function, agg.function)
+        aggregations.append((name, function))
+        names.append((name, f"{name}_{function}"))
+        if agg.function == "avg":
+            aggregations.append((name, "count"))
+            names.append((f"{name}_n", f"{name}_count"))
+        if agg.function in ("first", "last"):
+            present = pc.if_else(pc.is_valid(values), rows.column(time),
+                                 pa.scalar(None, pa.int64()))
+            rows = rows.append_column(f"{name}_t", present)
+            aggregations.append((f"{name}_t", agg.function))
+            names.append((f"{name}_t", f"{name}_t_{agg.function}"))
+    aggregations.append((mark, "max"))
+    grouped = rows.group_by([*keys, START, IS_LATE], use_threads=False).aggregate(aggregations)
+    columns = [*keys, START, IS_LATE]
+    return pa.table([grouped.column(c) for c in columns]
+                    + [grouped.column(produced) for _, produced in names]
+                    + [grouped.column(f"{mark}_max")],
+                    names=[*columns, *(n for n, _ in names), mark])
+
+
+def partials(spec: WindowSpec, starts: Sequence, late: Sequence[bool],
+             columns: dict[str, Sequence]) -> Partials:
+    """:class:`Partials` from :func:`combine`'s columns as Python lists (None: null)."""
+    per_agg = []
+    for agg, names in zip(spec.aggs, accumulator_columns(spec)):
+        value = columns[names[0][0]]
+        f = agg.function
+        if f == "count":
+            per_agg.append([int(v) for v in value])
+        elif f == "avg":
+            per_agg.append([(0.0 if s is None else float(s), int(n))
+                            for s, n in zip(value, columns[names[1][0]])])
+        elif f in ("first", "last"):
+            per_agg.append([None if t is None else (int(t), v)
+                            for v, t in zip(value, columns[names[1][0]])])
+        else:
+            per_agg.append(list(value))
+    return Partials([None if s is None else int(s) for s in starts], [bool(x) for x in late],
+                    [list(acc) for acc in zip(*per_agg)] if per_agg else [[] for _ in starts])

@@ -20,12 +20,14 @@ Spark's watermark, fed from the ``watermark`` column, passes them.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import pickle
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import (
@@ -35,13 +37,16 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
+    BooleanType,
     ByteType,
     DataType,
     DecimalType,
     DoubleType,
     IntegerType,
     LongType,
+    MapType,
     ShortType,
     StringType,
     StructField,
@@ -52,7 +57,9 @@ from pyspark.sql.types import (
 from kwatermark.errors import OptionError
 from kwatermark.options import parse_duration_ms
 from kwatermark.windowing import (
+    IS_LATE,
     NO_WATERMARK,
+    START,
     Agg,
     Assigner,
     Emission,
@@ -63,6 +70,9 @@ from kwatermark.windowing import (
     Tumbling,
     WindowError,
     WindowSpec,
+    accumulator_columns,
+    combine,
+    partials,
 )
 
 log = logging.getLogger("kwatermark.windows")
@@ -72,9 +82,12 @@ __all__ = ["WindowError", "aggregate", "session", "sliding", "tumbling"]
 PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # Spark renames pandas columns whose names start with "__": plain, unlikely names instead.
-_TIME, _MARK, _CLOCK, _ALL = ("kwatermark_time", "kwatermark_watermark", "kwatermark_clock",
-                              "kwatermark_all")
+_TIME, _MARK, _CLOCK, _BUCKET = ("kwatermark_time", "kwatermark_watermark", "kwatermark_clock",
+                                 "kwatermark_bucket")
 _INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
+# Keys share Spark's grouping key (and state value, and timer) by their hash modulo this: one
+# processor call per bucket and batch instead of one per key (see docs/windows.md, "State").
+KEY_BUCKETS = 32
 # A directory: each task's processor writes a cProfile there (bench/bench_windows.py --profile).
 PROFILE_ENV = "KWATERMARK_WINDOWS_PROFILE"
 
@@ -98,8 +111,8 @@ def session(gap: str) -> Session:
 
 def aggregate(df: DataFrame, windows: Assigner, by: Sequence[str] = (),
               aggs: Mapping[str, tuple[str, str | None]] | None = None,
-              allowed_lateness: str = "0 seconds", time_column: str = "event_time"
-              ) -> DataFrame:
+              allowed_lateness: str = "0 seconds", time_column: str = "event_time",
+              key_buckets: int = KEY_BUCKETS) -> DataFrame:
     """Windowed aggregates of a ``format("kwatermark")`` stream, complete by the per-partition
     watermark; write the result in append mode.
 
@@ -108,6 +121,9 @@ def aggregate(df: DataFrame, windows: Assigner, by: Sequence[str] = (),
     ``final`` (once per window, when the watermark completes it), ``update`` (the whole
     aggregate again after a record within ``allowed_lateness``), ``late`` (the aggregate of
     the records past the lateness alone; never silently dropped). See docs/windows.md.
+
+    ``key_buckets``: the keys are held in this many groups in Spark's state store (one state
+    value and one timer per group); fixed for the life of a checkpoint.
     """
     if not isinstance(windows, (Tumbling, Sliding, Session)):
         raise WindowError(f"windows must be tumbling(...), sliding(...) or session(...), got "
@@ -115,32 +131,82 @@ def aggregate(df: DataFrame, windows: Assigner, by: Sequence[str] = (),
     aggs = {"count": ("count", None)} if aggs is None else dict(aggs)
     spec = WindowSpec(windows, tuple(Agg(name, *_pair(name, fn)) for name, fn in aggs.items()),
                       parse_duration_ms("allowed_lateness", allowed_lateness))
+    if isinstance(key_buckets, bool) or not isinstance(key_buckets, int) or key_buckets < 1:
+        raise WindowError(f"key_buckets must be a positive integer, got {key_buckets!r}")
     _check_stream(df, by, spec, time_column)
     _prepare_session(df)
     by = list(by)
     inputs = sorted({a.column for a in spec.aggs if a.column is not None} - set(by))
-    keys = by or [_ALL]
+    bucket = F.pmod(F.xxhash64(*[F.col(c) for c in by]), F.lit(key_buckets)) if by else \
+        F.lit(0)
     prepared = df.select(
-        *[F.col(c) for c in by], *([F.lit(0).alias(_ALL)] if not by else []),
-        *[F.col(c) for c in inputs],
+        bucket.cast("int").alias(_BUCKET),
+        *[F.col(c) for c in by], *[F.col(c) for c in inputs],
         F.unix_millis(F.col(time_column)).alias(_TIME),
         F.unix_millis(F.col("watermark")).alias(_MARK),
-        F.col("is_heartbeat"),
-        # Spark drops rows whose watermark column is at or below its own watermark, and its
-        # watermark is the previous batch's maximum: a row whose `watermark` equals it would
-        # be lost. One millisecond up, one millisecond of delay: Spark's watermark is exactly
-        # the highest row watermark seen, and no row of ours is ever below it.
-        F.timestamp_millis(F.coalesce(F.unix_millis(F.col("watermark")), F.lit(0)) + 1
-                           ).alias(_CLOCK))
+        F.col("is_heartbeat"))
+    combined = None
+    if _combinable(df.schema, by, spec):
+        # Fixed windows: each task combines its rows per (key, window, late?) before the
+        # shuffle, as Spark's own aggregation does; the stateful step merges accumulators.
+        combined = _combined_schema(prepared.schema, by, spec)
+        prepared = prepared.mapInArrow(
+            Combiner(spec, [_BUCKET, *by, "is_heartbeat"], combined), combined)
     output = _output_schema(df.schema, by, spec)
-    processor = WindowProcessor(spec, by, inputs, output)
-    # The clock only feeds Spark's watermark: projected away above it, so the Python workers
-    # do not convert a timestamp per row (TWS in pandas builds each key's frame row by row).
-    # A projection, unlike a filter, cannot move below the watermark node.
-    return (prepared.withWatermark(_CLOCK, "1 millisecond")
+    processor = WindowProcessor(spec, by, inputs, output, combined)
+    # Spark drops rows whose watermark column is at or below its own watermark, and its
+    # watermark is the previous batch's maximum: a row whose `watermark` equals it would be
+    # lost. One millisecond up, one millisecond of delay: Spark's watermark is exactly the
+    # highest row watermark seen, and no row of ours is ever below it. The clock only feeds
+    # Spark's watermark: projected away above it (a projection, unlike a filter, cannot move
+    # below the watermark node), so the Python workers do not convert it.
+    clock = F.timestamp_millis(F.coalesce(F.col(_MARK), F.lit(0)) + 1)
+    return (prepared.withColumn(_CLOCK, clock)
+            .withWatermark(_CLOCK, "1 millisecond")
             .drop(_CLOCK)
-            .groupBy(*keys)
+            .groupBy(_BUCKET)
             .transformWithStateInPandas(processor, output, "Append", "EventTime"))
+
+
+def _combinable(schema: StructType, by: Sequence[str], spec: WindowSpec) -> bool:
+    """Fixed windows over atomic columns (Arrow groups and aggregates those)."""
+    columns = [*by, *(a.column for a in spec.aggs if a.column is not None)]
+    return not spec.assigner.merging and not any(
+        isinstance(schema[c].dataType, (ArrayType, MapType, StructType)) for c in columns)
+
+
+def _combined_schema(prepared: StructType, by: Sequence[str], spec: WindowSpec) -> StructType:
+    """What :class:`Combiner` hands on: the keys, window start, lateness, the accumulators
+    (:func:`kwatermark.windowing.accumulator_columns`) and the highest row watermark."""
+    fields = [prepared[_BUCKET], *(prepared[c] for c in by), prepared["is_heartbeat"],
+              StructField(START, LongType(), True), StructField(IS_LATE, BooleanType(), True)]
+    for agg, columns in zip(spec.aggs, accumulator_columns(spec)):
+        source = None if agg.column is None else prepared[agg.column].dataType
+        for name, role in columns:
+            dtype = LongType() if role != "value" or agg.function == "count" else \
+                _result_type(agg.function, source)
+            fields.append(StructField(name, dtype, True))
+    fields.append(StructField(_MARK, LongType(), True))
+    return StructType(fields)
+
+
+class Combiner:
+    """The ``mapInArrow`` step: a task's rows combined by :func:`kwatermark.windowing.combine`."""
+
+    def __init__(self, spec: WindowSpec, keys: list[str], schema: StructType):
+        self.spec = spec
+        self.keys = keys
+        self.schema = schema
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        collected = [b for b in batches if b.num_rows]
+        if not collected:
+            return
+        combined = combine(self.spec, pa.Table.from_batches(collected), self.keys, _TIME,
+                           _MARK)
+        yield from combined.cast(to_arrow_schema(self.schema)).to_batches()
 
 
 def _pair(name: str, fn: object) -> tuple[str, str | None]:
@@ -226,14 +292,21 @@ def _result_type(function: str, source: DataType | None) -> DataType:
 
 
 class WindowProcessor(StatefulProcessor):
-    """The thin shell: per key, a pickled :class:`KeyWindows` in one value state, and an
-    event-time timer at every watermark at which it has something to emit or forget."""
+    """The thin shell. Spark groups by a bucket of keys; per bucket, one value state holds
+    every key's :class:`KeyWindows` slots (pickled) and one event-time timer wakes the bucket
+    at the first watermark at which any of its keys has something to emit or forget."""
 
-    def __init__(self, spec: WindowSpec, by: list[str], inputs: list[str], output: StructType):
+    def __init__(self, spec: WindowSpec, by: list[str], inputs: list[str], output: StructType,
+                 combined: StructType | None = None):
         self.spec = spec
         self.by = by
         self.inputs = inputs
         self.output = output
+        # Rows are Combiner's partials (schema given), not records: its accumulator columns,
+        # and whether each holds integers.
+        self.combined = None if combined is None else {
+            name: isinstance(combined[name].dataType, _INTEGRAL)
+            for columns in accumulator_columns(spec) for name, _ in columns}
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -249,27 +322,49 @@ class WindowProcessor(StatefulProcessor):
         if batch is not None:
             beats = batch["is_heartbeat"].to_numpy() == True  # null-safe: a null flag is a record
             if beats.any():
-                batch = batch[~beats]
+                batch = batch[~beats].reset_index(drop=True)
         if batch is None or batch.empty:
             return
         watermark = timerValues.getCurrentWatermarkInMs()
-        windows, timer = self._load()
-        emissions = windows.apply(self.spec, _rows(batch, self.inputs), watermark)
-        self._save(windows, timer, watermark, expired=None)
-        if emissions:
-            yield self._frame(key, emissions)
+        keys, timer = self._load()
+        every = _rows(batch, self.inputs) if self.combined is None else \
+            _partials(batch, self.spec, self.combined)
+        out = []
+        for user_key, index in _key_groups(batch, self.by):
+            windows = KeyWindows(keys.get(user_key, {}))
+            if self.combined is not None:
+                emissions = windows.apply_partials(self.spec, every.take(index), watermark)
+            else:
+                emissions = windows.apply(self.spec, every.take(index), watermark)
+            if windows.slots:
+                keys[user_key] = windows.slots
+            else:
+                keys.pop(user_key, None)
+            if emissions:
+                out.append((user_key, emissions))
+        self._save(keys, timer, watermark, expired=None)
+        if out:
+            yield self._frame(out)
 
     def handleExpiredTimer(self, key: tuple, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
         watermark = timerValues.getCurrentWatermarkInMs()
-        windows, timer = self._load()
-        before = len(windows.slots)
-        emissions = windows.fire(self.spec, watermark)
-        if emissions or len(windows.slots) != before or timer is None or timer < watermark:
-            self._save(windows, timer, watermark,
-                       expired=expiredTimerInfo.getExpiryTimeInMs())
-        if emissions:
-            yield self._frame(key, emissions)
+        keys, timer = self._load()
+        out, changed = [], False
+        for user_key in list(keys):
+            windows = KeyWindows(keys[user_key])
+            before = len(windows.slots)
+            emissions = windows.fire(self.spec, watermark)
+            if emissions:
+                out.append((user_key, emissions))
+            if emissions or len(windows.slots) != before:
+                changed = True
+            if not windows.slots:
+                del keys[user_key]
+        if changed or timer is None or timer < watermark:
+            self._save(keys, timer, watermark, expired=expiredTimerInfo.getExpiryTimeInMs())
+        if out:
+            yield self._frame(out)
 
     def close(self) -> None:
         if self._profile is not None:
@@ -277,47 +372,60 @@ class WindowProcessor(StatefulProcessor):
             self._profile.dump_stats(os.path.join(os.environ[PROFILE_ENV],
                                                   f"{os.getpid()}-{id(self):x}.prof"))
 
-    def _load(self) -> tuple[KeyWindows, int | None]:
-        """The key's windows and the one timer registered for it (None: none or unknown)."""
+    def _load(self) -> tuple[dict, int | None]:
+        """The bucket's keys (key tuple -> window slots) and its one timer (None: none)."""
         stored = self.state.get()
         if not stored:
-            return KeyWindows(), None
-        value = pickle.loads(stored[0])
-        if isinstance(value, dict):     # written before the timer was stored alongside
-            return KeyWindows(value), None
-        slots, timer = value
-        return KeyWindows(slots), timer
+            return {}, None
+        return pickle.loads(stored[0])
 
-    def _save(self, windows: KeyWindows, timer: int | None, watermark: int,
-              expired: int | None) -> None:
-        """Store the windows and keep one timer per key, at the first watermark above the
-        current one at which ``fire`` has something to do: everything at or below the
-        current watermark was fired already, so any earlier timer is superseded (deleted
+    def _save(self, keys: dict, timer: int | None, watermark: int, expired: int | None
+              ) -> None:
+        """Store the keys and keep one timer per bucket, at the first watermark above the
+        current one at which ``fire`` has something to do for any key: everything at or below
+        the current watermark was fired already, so any earlier timer is superseded (deleted
         here, or by Spark once it has fired: ``expired``)."""
-        marks = [m for m in windows.wake_ups(self.spec) if m > watermark]
+        first = min((m for slots in keys.values() for m in KeyWindows(slots).wake_ups(self.spec)
+                     if m > watermark), default=None)
         # Spark fires an event-time timer once its watermark is above the timer's time.
-        wanted = min(marks) - 1 if marks else None
+        wanted = None if first is None else first - 1
         if timer != wanted:
             if timer is not None and timer != expired:
                 self.handle.deleteTimer(timer)
             if wanted is not None:
                 self.handle.registerTimer(wanted)
-        if not windows.slots:
+        if not keys:
             self.state.clear()
             return
-        self.state.update((pickle.dumps((windows.slots, wanted), protocol=5),))
+        self.state.update((pickle.dumps((keys, wanted), protocol=5),))
 
-    def _frame(self, key: tuple, emissions: list[Emission]) -> pd.DataFrame:
+    def _frame(self, out: list[tuple[tuple, list[Emission]]]) -> pd.DataFrame:
         # Built column by column in the output's order: a `columns=` argument would make
-        # pandas reindex, which costs more than building the frame (one frame per key).
-        n = len(emissions)
-        data: dict[str, object] = {c: [key[i]] * n for i, c in enumerate(self.by)}
+        # pandas reindex, which costs more than building the frame.
+        emissions = [e for _, es in out for e in es]
+        data: dict[str, object] = {
+            c: [k[i] for k, es in out for _ in es] for i, c in enumerate(self.by)}
         data["window_start"] = _instants([e.start for e in emissions])
         data["window_end"] = _instants([e.end for e in emissions])
         for i, agg in enumerate(self.spec.aggs):
             data[agg.name] = [e.values[i] for e in emissions]
         data["kind"] = [e.kind for e in emissions]
         return pd.DataFrame(data, copy=False)
+
+
+def _key_groups(batch: pd.DataFrame, by: list[str]) -> Iterator[tuple[tuple, np.ndarray]]:
+    """(key, row positions) for every key of a bucket's batch; a null key part is None."""
+    if not by:
+        yield (), np.arange(len(batch))
+        return
+    groups = batch.groupby(by if len(by) > 1 else by[0], sort=False, dropna=False).indices
+    for value, index in groups.items():
+        parts = value if len(by) > 1 else (value,)
+        yield tuple(None if _is_missing(v) else v for v in parts), index
+
+
+def _is_missing(value: object) -> bool:
+    return value is None or value is pd.NaT or value is pd.NA or (isinstance(value, float) and math.isnan(value))
 
 
 def _start_profile():
@@ -335,6 +443,21 @@ def _rows(batch: pd.DataFrame, inputs: list[str]) -> Rows:
         return batch[column].fillna(NO_WATERMARK).to_numpy(dtype=np.int64)
 
     return Rows(millis(_TIME), millis(_MARK), {c: batch[c].to_numpy() for c in inputs})
+
+
+def _partials(batch: pd.DataFrame, spec: WindowSpec, integral: dict[str, bool]):
+    """Combiner's rows as :class:`kwatermark.windowing.Partials` (nulls None; integers that
+    pandas made floats to hold nulls, integers again)."""
+    def column(name: str, integral: bool) -> list:
+        series = batch[name]
+        if not series.hasnans:
+            values = series.tolist()
+            return [int(v) for v in values] if integral and series.dtype.kind == "f" else values
+        return [None if missing else (int(v) if integral else v)
+                for v, missing in zip(series.tolist(), series.isna().tolist())]
+
+    return partials(spec, column(START, True), batch[IS_LATE].tolist(),
+                    {name: column(name, integral[name]) for name in integral})
 
 
 def _instants(ms: list[int | None]) -> pd.api.extensions.ExtensionArray:

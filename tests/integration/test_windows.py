@@ -302,3 +302,61 @@ def test_query_killed_mid_batch_and_restarted_emits_the_same_rows(broker, topic_
     assert rows == sorted(row for batch in calm.values() for row in batch)
     truth = complete(tumbling_truth(records), final_watermark(records))
     assert {(k.encode(), s, e): n for k, s, e, n, _ in rows} == truth
+
+
+def test_every_aggregation_with_nulls_and_a_null_key_matches_ground_truth(
+        spark, broker, topic_factory, tmp_path):
+    """Each task combines its rows per key and window before the shuffle: every function,
+    over integers, doubles and strings with nulls, and a null key, still equals the records."""
+    writer = topic_factory(2)
+    records = []
+    for i in range(90):   # partition 1 lags 3 s; values: a number, a word, or nothing
+        value = None if i % 7 == 0 else (b"w%d" % (i % 5) if i % 4 == 0 else b"%d" % (i % 13))
+        records.append(Record(i % 2, T0 + i * 700 - (3_000 if i % 2 else 0), value=value,
+                              key=None if i % 11 == 0 else b"k%d" % (i % 3)))
+    writer.send(records)
+    frame = stream(spark, broker, writer.topic, maxOffsetsPerTrigger="25")
+    label = F.col("value").cast("string")
+    frame = frame.withColumn("label", label).withColumn(
+        "amount", F.expr("try_cast(cast(value as string) as int)")).withColumn(
+        "half", F.col("amount") / 2)
+    windowed = aggregate(frame, tumbling("10 seconds"), by=["key"], aggs={
+        "rows": ("count", None), "n": ("count", "amount"), "total": ("sum", "amount"),
+        "halves": ("sum", "half"), "low": ("min", "label"), "high": ("max", "amount"),
+        "mean": ("avg", "amount"), "first": ("first", "amount"), "last": ("last", "label")})
+    got = []
+    query = (windowed.writeStream.outputMode("append")
+             .foreachBatch(lambda df, _: got.extend(r.asDict() for r in df.collect()))
+             .option("checkpointLocation", str(tmp_path / "checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(240)
+    assert query.exception() is None, query.exception()
+
+    members = collections.defaultdict(list)
+    for r in records:
+        text = None if r.value is None else r.value.decode()
+        number = int(text) if text is not None and text.isdigit() else None
+        members[(r.key, r.timestamp - r.timestamp % SIZE)].append((r.timestamp, number, text))
+    watermark = final_watermark(records)
+    expected = {}
+    for (key, start), rows in members.items():
+        if start + SIZE - 1 > watermark:
+            continue
+        rows.sort()
+        numbers = [n for _, n, _ in rows if n is not None]
+        texts = [s for _, _, s in rows if s is not None]
+        expected[(key, start)] = {
+            "rows": len(rows), "n": len(numbers), "total": sum(numbers) if numbers else None,
+            "halves": sum(n / 2 for n in numbers) if numbers else None,
+            "low": min(texts) if texts else None, "high": max(numbers) if numbers else None,
+            "mean": sum(numbers) / len(numbers) if numbers else None,
+            "first": numbers[0] if numbers else None, "last": texts[-1] if texts else None,
+            "kind": "final"}
+    assert any(key is None for key, _ in expected) and len(expected) >= 20
+    actual = {(None if r["key"] is None else bytes(r["key"]), epoch_ms(r["window_start"])):
+              {k: v for k, v in r.items() if k not in ("key", "window_start", "window_end")}
+              for r in got}
+    assert len(actual) == len(got)                 # one row per window
+    assert actual.keys() == expected.keys()
+    for window, values in expected.items():
+        assert actual[window] == pytest.approx(values), window

@@ -7,6 +7,7 @@ import doctest
 import math
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -441,15 +442,18 @@ def watermarks_at_batch_starts(batches) -> list:
     return out
 
 
-def drive(spec_, batches, flush=None) -> list[list[tuple]]:
-    """The processor's calls: per batch ``apply`` then the timer phase's ``fire``, then one
-    no-data batch at the highest row watermark (and, if given, one more at ``flush``)."""
+def drive(spec_, batches, flush=None, feed=None) -> list[list[tuple]]:
+    """The processor's calls: per batch ``apply`` (or ``feed(state, b, batch, s)``) then the
+    timer phase's ``fire``, then one no-data batch at the highest row watermark (and, if
+    given, one more at ``flush``)."""
     state, out = KeyWindows(), []
     marks = watermarks_at_batch_starts(batches)
-    for batch, mark in zip(batches, marks):
+    for b, (batch, mark) in enumerate(zip(batches, marks)):
         s = NO_WATERMARK if mark is None else mark
         emitted = []
-        if batch:
+        if batch and feed is not None:
+            emitted += feed(state, b, batch, s)
+        elif batch:
             emitted += state.apply(spec_, Rows.of([t for t, _, _ in batch],
                                                   [w for _, w, _ in batch],
                                                   {"v": [v for _, _, v in batch]}), s)
@@ -458,7 +462,9 @@ def drive(spec_, batches, flush=None) -> list[list[tuple]]:
     out.append(state.fire(spec_, NO_WATERMARK if marks[-1] is None else marks[-1]))
     if flush is not None:
         out.append(state.fire(spec_, flush))
-    return [sorted((e.kind, e.start, e.end, tuple(e.values)) for e in batch) for batch in out]
+    # (kind, start, end) is unique in a batch; a late row without event time has no start.
+    return [sorted(((e.kind, e.start, e.end, tuple(e.values)) for e in batch),
+                   key=lambda x: (x[0], x[1] is not None, x[1] or 0)) for batch in out]
 
 
 def summary(values: list[int]) -> tuple:
@@ -584,3 +590,67 @@ def test_sessions_conserve_every_row_as_final_or_late(batches, gap):
     rows_ = [v for batch in batches for _, _, v in batch]
     assert sum(n for *_, (n, _, _, _) in got) == len(rows_)
     assert sum(total or 0 for *_, (_, total, _, _) in got) == sum(rows_)
+
+
+# -- combining before the shuffle: combine + apply_partials == apply ---------------------------
+
+ALL_AGGS = (Agg("rows", "count", None), Agg("n", "count", "v"), Agg("sum", "sum", "v"),
+            Agg("min", "min", "v"), Agg("max", "max", "v"), Agg("avg", "avg", "v"),
+            Agg("first", "first", "u"), Agg("last", "last", "u"))
+
+
+def table_of(rows_) -> pa.Table:
+    """A task's rows (t, w, v) as the shell hands them to combine; ``u`` is a function of the
+    time, so that first/last agree whichever of two rows at the same time is taken."""
+    return pa.table({
+        "key": pa.array([0] * len(rows_), pa.int64()),
+        "t": pa.array([t for t, _, _ in rows_], pa.int64()),
+        "w": pa.array([w for _, w, _ in rows_], pa.int64()),
+        "v": pa.array([v for _, _, v in rows_], pa.int64()),
+        "u": pa.array([None if v is None or t is None else (t * 7) % 11 for t, _, v in rows_],
+                      pa.int64())})
+
+
+def combined_feed(spec_, splits):
+    """Each batch's rows cut into two tasks at ``splits[b]``, each task's rows combined on
+    their own, and the stateful step fed the partials (in either order)."""
+    def feed(state, b, batch, s):
+        tasks = [batch[:splits[b]], batch[splits[b]:]]
+        combined = pa.concat_tables([windowing.combine(spec_, table_of(task), ["key"], "t", "w")
+                                     for task in tasks[::-1] if task])
+        columns = {name: combined.column(name).to_pylist() for name in combined.column_names}
+        return state.apply_partials(spec_, windowing.partials(
+            spec_, columns[windowing.START], columns[windowing.IS_LATE], columns), s)
+    return feed
+
+
+def raw_feed(spec_):
+    """The records as they are, with null times and values (``apply``)."""
+    def feed(state, b, batch, s):
+        return state.apply(spec_, Rows(
+            np.asarray([NO_WATERMARK if t is None else t for t, _, _ in batch], np.int64),
+            np.asarray([NO_WATERMARK if w is None else w for _, w, _ in batch], np.int64),
+            {"v": np.asarray([np.nan if v is None else v for _, _, v in batch]),
+             "u": np.asarray(table_of(batch).column("u").to_pylist(), dtype=object)}), s)
+    return feed
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), streams(), fixed_assigners, st.sampled_from([0, 0, 1, 5, 17, 40]))
+def test_rows_combined_per_task_give_what_the_rows_give(data, batches, geometry, lateness):
+    size, slide, offset = geometry
+    assigner = Tumbling(size, offset) if size == slide else Sliding(size, slide, offset)
+    spec_ = WindowSpec(assigner, ALL_AGGS, lateness)
+    # Some values null, some records without event time (late, no window).
+    batches = [[(None if data.draw(st.integers(0, 9)) == 0 else t, w,
+                 None if data.draw(st.integers(0, 5)) == 0 else v) for t, w, v in batch]
+               for batch in batches]
+    splits = [data.draw(st.integers(0, len(batch))) for batch in batches]
+    assert drive(spec_, batches, feed=combined_feed(spec_, splits)) == \
+        drive(spec_, batches, feed=raw_feed(spec_))
+
+
+def test_combine_refuses_sessions():
+    with pytest.raises(WindowError, match="session"):
+        windowing.combine(WindowSpec(Session(5), COUNT), table_of([(1, 0, 1)]), ["key"], "t",
+                          "w")
