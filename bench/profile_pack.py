@@ -16,6 +16,9 @@ Prints the median of each phase over the warm batches (the first is not counted)
 ``--cprofile N``, the top of a cProfile of the tasks of one warm batch at N partitions, and
 of ``latestOffset`` of another.
 
+With ``--lost-ledger`` the progress records are deleted before each ``latestOffset``, which
+then re-reads every range of the batch before on the driver.
+
 Run: ``python bench/profile_pack.py --partitions 4,512``.
 """
 
@@ -49,6 +52,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cprofile", type=int, default=None,
                         help="partition count whose tasks are profiled (one warm batch)")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--lost-ledger", action="store_true",
+                        help="delete the progress records before each latestOffset: the "
+                             "driver recomputes every range (a location it does not share)")
     return parser.parse_args(argv)
 
 
@@ -103,6 +109,8 @@ def one_count(broker: common.Broker, n: int, args: argparse.Namespace) -> dict:
         if args.cprofile == n and batch == 2:
             driver = cProfile.Profile()
             driver.enable()
+        if args.lost_ledger:
+            shutil.rmtree(options["watermark.stateLocation"], ignore_errors=True)
         t0 = time.perf_counter()
         end = reader.latestOffset(start, _max_rows(args.per_batch))
         t1 = time.perf_counter()

@@ -26,7 +26,7 @@ from kwatermark.offsets import (
     rate_limit,
 )
 from kwatermark.options import EARLIEST, LATEST, OffsetBound, SourceOptions
-from kwatermark.reader import Decoders, RangeReader
+from kwatermark.reader import Decoders, PackReader, RangeReader
 from kwatermark.watermarks import (
     NO_PARTITIONS,
     UNDEFINED,
@@ -392,25 +392,24 @@ class BatchPlanner:
         key = offset.dumps()
         if key in self._folded:
             return self._folded[key]
-        records: dict[TopicPartition, list[ProgressRecord]] = {}
         tasks = self.tasks(offset)
-        recomputed = 0
+        found: list[ProgressRecord | None] = []
         # Spark tasks wrote one file per pack (ledger.publish_pack); a range's own record
         # is there when its pack's is not (a record recomputed here, or packed otherwise).
         for pack in self._packs(tasks):
-            found = self.ledger.lookup_pack(pack, self.fingerprint) if len(pack) > 1 else None
-            for i, task in enumerate(pack):
-                record = (found[i] if found is not None
-                          else self.ledger.lookup(task, self.fingerprint))
-                if record is None:
-                    record = self._recompute(task)
-                    recomputed += 1
-                records.setdefault(task.tp, []).append(record)
-        if recomputed:
+            in_pack = self.ledger.lookup_pack(pack, self.fingerprint) if len(pack) > 1 else None
+            found += in_pack or [self.ledger.lookup(task, self.fingerprint) for task in pack]
+        missing = [task for task, record in zip(tasks, found) if record is None]
+        if missing:
+            recomputed = iter(self._recompute(missing))
+            found = [record or next(recomputed) for record in found]
             log.warning("recomputed %d of %d ranges of the last batch on the driver: their "
                         "progress records were not in watermark.stateLocation=%s (on a "
-                        "cluster, set it to a location every executor can write)", recomputed,
-                        len(tasks), self.options.state_location)
+                        "cluster, set it to a location every executor can write)",
+                        len(missing), len(tasks), self.options.state_location)
+        records: dict[TopicPartition, list[ProgressRecord]] = {}
+        for task, record in zip(tasks, found):
+            records.setdefault(task.tp, []).append(record)
         states = {}
         highest = UNDEFINED
         for tp, r in offset.partitions.items():
@@ -435,17 +434,29 @@ class BatchPlanner:
         self._folded = {key: (states, highest)}
         return states, highest
 
-    def _recompute(self, task: RangeTask) -> ProgressRecord:
-        log.info(
-            "progress record for topic %s partition %s offsets [%d, %d) is missing from "
-            "watermark.stateLocation=%s (task cut short, or no shared location); recomputing "
-            "it by reading the range on the driver", task.topic, task.partition, task.start,
-            task.end, self.options.state_location)
-        reader = RangeReader(self.options, self.layout, self.decoders, task)
-        for _ in reader:
-            pass
-        self.ledger.publish(task, self.fingerprint, reader.progress)
-        return reader.progress
+    def _recompute(self, tasks: list[RangeTask]) -> list[ProgressRecord]:
+        """The progress records of ranges whose records are missing, by reading them here,
+        all with one consumer as a Spark task reads a pack (512 ranges one at a time would
+        open 512 consumers)."""
+        for task in tasks:
+            log.info(
+                "progress record for topic %s partition %s offsets [%d, %d) is missing from "
+                "watermark.stateLocation=%s (task cut short, or no shared location); "
+                "recomputing it by reading the range on the driver", task.topic,
+                task.partition, task.start, task.end, self.options.state_location)
+        if len(tasks) == 1:
+            reader = RangeReader(self.options, self.layout, self.decoders, tasks[0])
+            for _ in reader:
+                pass
+            progress = [(tasks[0], reader.progress)]
+        else:
+            pack = PackReader(self.options, self.layout, self.decoders, tasks)
+            for _ in pack:
+                pass
+            progress = pack.progress
+        for task, record in progress:
+            self.ledger.publish(task, self.fingerprint, record)
+        return [record for _, record in progress]
 
     def commit(self, end: BatchOffset) -> None:
         for (topic, partition), r in end.partitions.items():
