@@ -152,3 +152,38 @@ def test_custom_event_time_timer_processor_from_watermarks_md(spark, docs):
                 completed(fixed_windows(records, 10_000, 10_000),
                           final_watermark(records)).items()}
     assert got == expected
+
+
+def test_custom_processor_surfaces_a_record_after_its_window_as_late(spark, docs, tmp_path):
+    """The example's ``late`` branch: a record whose window its row watermark had already
+    completed comes out as a ``late`` row, beside the window's ``final``."""
+    from confluent_kafka.admin import NewTopic
+    from pyspark.sql import functions as F
+
+    topic, t0 = "late-clicks", docs["T0"]
+    docs["admin"].create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    rows: list = []
+
+    def run(frame, name):   # the example's runner, on one checkpoint for both runs
+        query = (frame.writeStream.outputMode("append")
+                 .foreachBatch(lambda df, _: rows.extend(r.asDict() for r in df.collect()))
+                 .option("checkpointLocation", str(tmp_path / "checkpoint"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+        assert query.exception() is None, query.exception()
+        return spark.createDataFrame([tuple(r.values()) for r in rows], namespace["OUTPUT"])
+
+    stream = (spark.readStream.format("kwatermark")
+              .option("kafka.bootstrap.servers", docs["bootstrap"])
+              .option("subscribe", topic).option("startingOffsets", "earliest")
+              .option("watermark.heartbeat", "true").load()
+              .withColumn("key", F.col("key").cast("string")))
+    namespace = {**docs, "events": stream, "run": run}
+    for second in ([1, 25], [5]):       # then 5 s: its window [0, 10 s) completed at 24.999 s
+        for s in second:
+            docs["producer"].produce(topic, partition=0, key=b"a", value=b"1",
+                                     timestamp=t0 + s * 1000)
+            docs["producer"].flush()
+        run_example("custom_timers", namespace)
+    got = sorted((r["key"], epoch_ms(r["window_start"]) - t0, r["n"], r["kind"]) for r in rows)
+    assert got == [("a", 0, 1, "final"), ("a", 0, 1, "late")]
