@@ -26,7 +26,7 @@ from kwatermark.offsets import (
     rate_limit,
 )
 from kwatermark.options import EARLIEST, LATEST, OffsetBound, SourceOptions
-from kwatermark.reader import Decoders, PackReader, RangeReader
+from kwatermark.reader import Decoders, PackReader
 from kwatermark.watermarks import (
     NO_PARTITIONS,
     UNDEFINED,
@@ -444,19 +444,12 @@ class BatchPlanner:
                 "watermark.stateLocation=%s (task cut short, or no shared location); "
                 "recomputing it by reading the range on the driver", task.topic,
                 task.partition, task.start, task.end, self.options.state_location)
-        if len(tasks) == 1:
-            reader = RangeReader(self.options, self.layout, self.decoders, tasks[0])
-            for _ in reader:
-                pass
-            progress = [(tasks[0], reader.progress)]
-        else:
-            pack = PackReader(self.options, self.layout, self.decoders, tasks)
-            for _ in pack:
-                pass
-            progress = pack.progress
-        for task, record in progress:
+        pack = PackReader(self.options, self.layout, self.decoders, tasks)
+        for _ in pack:
+            pass
+        for task, record in pack.progress:
             self.ledger.publish(task, self.fingerprint, record)
-        return [record for _, record in progress]
+        return [record for _, record in pack.progress]
 
     def commit(self, end: BatchOffset) -> None:
         for (topic, partition), r in end.partitions.items():

@@ -435,8 +435,8 @@ class PackReader:
     consumer assigned to all of their partitions, so one fetch serves them all.
 
     Each range keeps its own ``RangeReader``: its own start state, rows and progress record,
-    exactly as if it were a task of its own. ``progress`` lists ``(task, record)`` pairs once
-    every range is done.
+    exactly as if it were a task of its own; a single range is read by its ``RangeReader``
+    alone. ``progress`` lists ``(task, record)`` pairs once every range is done.
 
     >>> reader = PackReader(options, layout, decoders, tasks)   # doctest: +SKIP
     >>> for batch in reader: ...
@@ -453,6 +453,11 @@ class PackReader:
         self._ready_rows = 0
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
+        if len(self.readers) == 1:
+            reader = self.readers[0]
+            yield from reader
+            self.progress = [(reader.task, reader.progress)]
+            return
         planned: dict[tuple[str, int], int] = {}
         for r in self.readers:
             if r.task.end > r.task.start:

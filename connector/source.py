@@ -35,7 +35,7 @@ from kwatermark.errors import OptionError
 from kwatermark.offsets import BatchOffset, RangeTask
 from kwatermark.options import SourceOptions, parse_options
 from kwatermark.planner import BatchPlanner, ReadLimits
-from kwatermark.reader import Decoders, PackReader, RangeReader
+from kwatermark.reader import Decoders, PackReader
 
 
 class RangePartition(InputPartition):
@@ -175,17 +175,11 @@ def _read(options: SourceOptions, layout: OutputLayout, decoders: Decoders, plan
         return  # Spark's stand-in when partitions() is empty (nothing to read): no rows
     if partition.publish:
         planner.ledger.require_shared(partition.ledger_mark)
-    if len(partition.tasks) == 1:
-        reader = RangeReader(options, layout, decoders, partition.tasks[0])
-        yield from reader
-        progress = [(partition.tasks[0], reader.progress)]
-    else:
-        pack = PackReader(options, layout, decoders, list(partition.tasks))
-        yield from pack
-        progress = pack.progress
+    pack = PackReader(options, layout, decoders, list(partition.tasks))
+    yield from pack
     if partition.publish:
-        planner.ledger.offer_pack(tuple(t for t, _ in progress), planner.fingerprint,
-                                  [record for _, record in progress])
+        planner.ledger.offer_pack(partition.tasks, planner.fingerprint,
+                                  [record for _, record in pack.progress])
 
 
 class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
