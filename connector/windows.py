@@ -30,6 +30,7 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
     StatefulProcessor,
@@ -153,7 +154,7 @@ def aggregate(df: DataFrame, windows: Assigner, by: Sequence[str] = (),
         prepared = prepared.mapInArrow(
             Combiner(spec, [_BUCKET, *by, "is_heartbeat"], combined), combined)
     output = _output_schema(df.schema, by, spec)
-    processor = WindowProcessor(spec, by, inputs, output, combined)
+    processor = WindowProcessor(spec, by, inputs, combined)
     # Spark drops rows whose watermark column is at or below its own watermark, and its
     # watermark is the previous batch's maximum: a row whose `watermark` equals it would be
     # lost. One millisecond up, one millisecond of delay: Spark's watermark is exactly the
@@ -196,17 +197,15 @@ class Combiner:
     def __init__(self, spec: WindowSpec, keys: list[str], schema: StructType):
         self.spec = spec
         self.keys = keys
-        self.schema = schema
+        self.schema = to_arrow_schema(schema)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark.sql.pandas.types import to_arrow_schema
-
         collected = [b for b in batches if b.num_rows]
         if not collected:
             return
         combined = combine(self.spec, pa.Table.from_batches(collected), self.keys, _TIME,
                            _MARK)
-        yield from combined.cast(to_arrow_schema(self.schema)).to_batches()
+        yield from combined.cast(self.schema).to_batches()
 
 
 def _pair(name: str, fn: object) -> tuple[str, str | None]:
@@ -296,12 +295,11 @@ class WindowProcessor(StatefulProcessor):
     every key's :class:`KeyWindows` slots (pickled) and one event-time timer wakes the bucket
     at the first watermark at which any of its keys has something to emit or forget."""
 
-    def __init__(self, spec: WindowSpec, by: list[str], inputs: list[str], output: StructType,
+    def __init__(self, spec: WindowSpec, by: list[str], inputs: list[str],
                  combined: StructType | None = None):
         self.spec = spec
         self.by = by
         self.inputs = inputs
-        self.output = output
         # Rows are Combiner's partials (schema given), not records: its accumulator columns,
         # and whether each holds integers.
         self.combined = None if combined is None else {
@@ -327,15 +325,14 @@ class WindowProcessor(StatefulProcessor):
             return
         watermark = timerValues.getCurrentWatermarkInMs()
         keys, timer = self._load()
-        every = _rows(batch, self.inputs) if self.combined is None else \
-            _partials(batch, self.spec, self.combined)
+        if self.combined is None:
+            every, fold = _rows(batch, self.inputs), KeyWindows.apply
+        else:
+            every, fold = _partials(batch, self.spec, self.combined), KeyWindows.apply_partials
         out = []
         for user_key, index in _key_groups(batch, self.by):
             windows = KeyWindows(keys.get(user_key, {}))
-            if self.combined is not None:
-                emissions = windows.apply_partials(self.spec, every.take(index), watermark)
-            else:
-                emissions = windows.apply(self.spec, every.take(index), watermark)
+            emissions = fold(windows, self.spec, every.take(index), watermark)
             if windows.slots:
                 keys[user_key] = windows.slots
             else:
@@ -448,12 +445,12 @@ def _rows(batch: pd.DataFrame, inputs: list[str]) -> Rows:
 def _partials(batch: pd.DataFrame, spec: WindowSpec, integral: dict[str, bool]):
     """Combiner's rows as :class:`kwatermark.windowing.Partials` (nulls None; integers that
     pandas made floats to hold nulls, integers again)."""
-    def column(name: str, integral: bool) -> list:
+    def column(name: str, whole: bool) -> list:
         series = batch[name]
         if not series.hasnans:
             values = series.tolist()
-            return [int(v) for v in values] if integral and series.dtype.kind == "f" else values
-        return [None if missing else (int(v) if integral else v)
+            return [int(v) for v in values] if whole and series.dtype.kind == "f" else values
+        return [None if missing else (int(v) if whole else v)
                 for v, missing in zip(series.tolist(), series.isna().tolist())]
 
     return partials(spec, column(START, True), batch[IS_LATE].tolist(),
