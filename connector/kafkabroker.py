@@ -1,0 +1,292 @@
+"""A single-node Apache Kafka 4.x for tests, benchmarks and the demo (DESIGN §17).
+
+KRaft mode, one process that is both broker and controller, on 127.0.0.1, with its data in a
+temporary directory that :meth:`ApacheKafka.stop` removes. The jars come from Maven Central
+once, through the machine's ``mvn`` and the pom shipped beside this module, into
+``$KWATERMARK_CACHE`` (default ``~/.cache/kwatermark``), never into the work tree.
+
+>>> kafka = ApacheKafka.start()                   # doctest: +SKIP
+>>> kafka.bootstrap_servers                       # doctest: +SKIP
+'127.0.0.1:40123'
+>>> kafka.stop()                                  # doctest: +SKIP
+
+Configured for tests: every internal topic (offsets, transaction state, share state) has one
+replica and a min ISR of 1, consumer groups start without the initial rebalance delay, records
+are kept whatever their timestamps (no time-based retention unless a topic asks for it), and
+the log cleaner wakes every second, so a topic created with ``segment.ms`` and
+``min.cleanable.dirty.ratio`` small compacts within seconds. ``properties`` overrides or adds
+any ``server.properties`` key (listeners, SASL, TLS, an authorizer); ``scram_users`` adds SCRAM
+credentials at format time, before the broker takes its first request.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from kwatermark.errors import KWatermarkError
+
+POM = "kafka-broker.pom.xml"
+PROBE_TOPIC = "__kwatermark_ready"
+
+
+def kafka_version() -> str:
+    """The Apache Kafka version the shipped pom resolves (its ``kafka.version``)."""
+    found = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", _pom_text())
+    assert found, f"{POM} names no kafka.version"
+    return found.group(1)
+
+
+def _pom_text() -> str:
+    return resources.files("kwatermark").joinpath(POM).read_text(encoding="utf-8")
+
+
+def cache_root() -> Path:
+    explicit = os.environ.get("KWATERMARK_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kwatermark"
+
+
+def require_tool(name: str, what: str) -> str:
+    found = shutil.which(name)
+    if not found:
+        raise KWatermarkError(f"the local Apache Kafka needs `{name}` on PATH: install {what}, "
+                              f"or use the bundled broker (--kind tansu) or your own "
+                              f"(KAFKA_BOOTSTRAP_SERVERS)")
+    return found
+
+
+def runtime_classpath() -> str:
+    """The broker's classpath (``<cache>/kafka-<version>/lib/*``), resolved on first use.
+
+    Resolution writes to a fresh directory and renames it into place, so processes that
+    start brokers at the same time never see half a runtime.
+    """
+    lib = cache_root() / f"kafka-{kafka_version()}" / "lib"
+    if not lib.is_dir():
+        mvn = require_tool("mvn", "Maven 3 (apt-get install maven)")
+        require_tool("java", "a Java 17 JDK (apt-get install openjdk-17-jdk-headless)")
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix="lib-", dir=lib.parent))
+        pom = staging / "pom.xml"
+        pom.write_text(_pom_text(), encoding="utf-8")
+        result = subprocess.run(
+            [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+             f"-DoutputDirectory={staging / 'jars'}", "-DincludeScope=runtime"],
+            capture_output=True, text=True, timeout=900)
+        if result.returncode != 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+            raise KWatermarkError(f"Maven could not resolve Apache Kafka {kafka_version()} "
+                                  f"from Maven Central (mvn exit {result.returncode}):\n{tail}")
+        try:
+            (staging / "jars").rename(lib)
+        except OSError:
+            if not lib.is_dir():  # not another process winning the race: a real failure
+                raise
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(lib / "*")
+
+
+def cluster_id() -> str:
+    """A KRaft cluster id: a random UUID, URL-safe base64 without padding (22 chars)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
+def server_properties(port: int, controller_port: int, data_dir: str,
+                      overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``server.properties`` of a combined broker and controller, tuned for tests."""
+    properties = {
+        "node.id": "1",
+        "process.roles": "broker,controller",
+        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": os.path.join(data_dir, "logs"),
+        "num.partitions": "1",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "4",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "4",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "log.cleaner.backoff.ms": "1000",
+        # Tests write records with event times near 1970: time-based retention would delete
+        # them at once. A topic that wants retention sets retention.ms itself.
+        "log.retention.ms": "-1",
+        "log.retention.check.interval.ms": "1000",
+        "auto.create.topics.enable": "true",
+    }
+    properties.update(overrides or {})
+    return properties
+
+
+def _log4j_properties(log_file: str) -> str:
+    return "\n".join([
+        "status = error",
+        "appender.file.type = File",
+        "appender.file.name = file",
+        f"appender.file.fileName = {log_file}",
+        "appender.file.layout.type = PatternLayout",
+        "appender.file.layout.pattern = [%d] %p %m (%c)%n",
+        "rootLogger.level = INFO",
+        "rootLogger.appenderRef.file.ref = file",
+        "logger.kafka.name = kafka",
+        "logger.kafka.level = INFO",
+        "logger.apache.name = org.apache.kafka",
+        "logger.apache.level = INFO",
+        ""])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: the child gets SIGKILL when the process that started it dies, so a
+    broker never outlives a Python session that forgot to stop it (Linux only)."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass
+class ApacheKafka:
+    process: subprocess.Popen
+    port: int
+    data_dir: str
+    properties: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> str:
+        return os.path.join(self.data_dir, "server.log")
+
+    @classmethod
+    def start(cls, port: int | None = None, timeout_s: float = 60.0, *,
+              properties: Mapping[str, str] | None = None,
+              scram_users: Iterable[tuple[str, str, str]] = ()) -> ApacheKafka:
+        """Start a broker on ``port`` (a free one if None) and return once a client can
+        create a topic on it. ``scram_users``: (mechanism, user, password) triples, e.g.
+        ``("SCRAM-SHA-512", "alice", "alice-secret")``."""
+        classpath = runtime_classpath()
+        java = require_tool("java", "a Java 17 JDK (apt-get install openjdk-17-jdk-headless)")
+        port = port or free_port()
+        data_dir = tempfile.mkdtemp(prefix="kwatermark-kafka-")
+        try:
+            config = server_properties(port, free_port(), data_dir, properties)
+            config_file = os.path.join(data_dir, "server.properties")
+            Path(config_file).write_text("".join(f"{k}={v}\n" for k, v in config.items()))
+            log4j = os.path.join(data_dir, "log4j2.properties")
+            Path(log4j).write_text(_log4j_properties(os.path.join(data_dir, "server.log")))
+            jvm = [java, "-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+                   f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
+            scram = [arg for mechanism, user, password in scram_users
+                     for arg in ("--add-scram", f"{mechanism}=[name={user},password={password}]")]
+            formatted = subprocess.run(
+                jvm + ["kafka.tools.StorageTool", "format", "-t", cluster_id(), "-c",
+                       config_file, "--ignore-formatted", *scram],
+                capture_output=True, text=True, timeout=120)
+            if formatted.returncode != 0:
+                raise KWatermarkError(f"formatting the Kafka storage failed: "
+                                      f"{(formatted.stderr or formatted.stdout).strip()[-2000:]}")
+            with open(os.path.join(data_dir, "stdout.log"), "wb") as out:
+                process = subprocess.Popen(jvm + ["kafka.Kafka", config_file], stdout=out,
+                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                           preexec_fn=die_with_parent)
+        except BaseException:
+            shutil.rmtree(data_dir, ignore_errors=True)
+            raise
+        broker = cls(process, port, data_dir, config)
+        try:
+            broker._await_ready(timeout_s)
+        except BaseException:
+            broker.stop()
+            raise
+        return broker
+
+    def _await_ready(self, timeout_s: float) -> None:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        deadline = time.monotonic() + timeout_s
+        while not _listening(self.port):
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise KWatermarkError(f"Apache Kafka did not listen on 127.0.0.1:{self.port} "
+                                      f"in {timeout_s:g} s; its log: {self.log_file}")
+            time.sleep(0.1)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        while True:
+            self._check_alive()
+            try:
+                admin.create_topics([NewTopic(PROBE_TOPIC, 1, 1)])[PROBE_TOPIC].result(5)
+                break
+            except Exception as exc:  # noqa: BLE001 - retried until the deadline
+                if "TOPIC_ALREADY_EXISTS" in str(exc):
+                    break
+                if time.monotonic() > deadline:
+                    raise KWatermarkError(
+                        f"Apache Kafka on {self.bootstrap_servers} could not create a topic in "
+                        f"{timeout_s:g} s ({exc}); its log: {self.log_file}") from exc
+                time.sleep(0.2)
+        admin.delete_topics([PROBE_TOPIC])[PROBE_TOPIC].result(30)
+
+    def _check_alive(self) -> None:
+        if self.process.poll() is not None:
+            tail = _tail(os.path.join(self.data_dir, "stdout.log")) or _tail(self.log_file)
+            raise KWatermarkError(f"Apache Kafka exited with code {self.process.returncode} "
+                                  f"while starting:\n{tail}")
+
+    def stop(self) -> None:
+        """Stop the broker (SIGTERM, then SIGKILL after 20 s) and remove its data."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _tail(path: str, lines: int = 20) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
