@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from kwatermark.errors import BrokerError, DataLossError, DecodeError, KWatermar
 from kwatermark.ledger import ProgressRecord
 from kwatermark.offsets import RangeTask
 from kwatermark.options import SourceOptions
+from kwatermark.range_end import Stall, advance, done, short
 from kwatermark.rdkafka_log import librdkafka_logger
 from kwatermark.records import RecordBlock
 from kwatermark.watermarks import (
@@ -196,19 +198,16 @@ class RangeReader:
     def _blocks(self, consumer: Consumer, start: int, end: int) -> Iterator[RecordBlock]:
         task = self.task
         size = self.options.max_records_per_batch
-        timeout = self.options.poll_timeout_ms / 1000.0
         headers = [] if self.layout.include_headers else None
         keys, values, offsets, ts, types = [], [], [], [], []
         position = start
         fault = _fault_point(task)
-        while position < end:
-            messages = consumer.consume(min(size - len(offsets), end - position), timeout)
-            if not messages:
-                raise BrokerError(
-                    f"topic {task.topic}, partition {task.partition}: no records at offset "
-                    f"{position} (range ends at {end}) within kafkaConsumer.pollTimeoutMs="
-                    f"{self.options.poll_timeout_ms} from kafka.bootstrap.servers="
-                    f"{self.options.bootstrap_servers!r}")
+        stall = Stall(self.options.poll_timeout_ms / 1000.0, time.monotonic())
+        where = [KafkaTP(task.topic, task.partition)]
+        while not done(position, end):
+            asked = min(size - len(offsets), end - position)
+            messages = consumer.consume(asked, stall.wait_s(time.monotonic()))
+            before = position
             for message in messages:
                 error = message.error()
                 if error is not None:
@@ -227,10 +226,17 @@ class RangeReader:
                 if headers is not None:
                     headers.append(message.headers())
                 position = offset + 1
+            if short(asked, len(messages)) and not done(position, end):
+                position = advance(position, consumer.position(where)[0].offset, end)
+            now = time.monotonic()
+            if position > before:
+                stall.progressed(now)
+            elif stall.expired(now):
+                raise self._stalled(position, end)
             if fault is not None and position > fault:
                 _trip_fault(task)
                 fault = None
-            if len(offsets) >= size or (position >= end and offsets):
+            if len(offsets) >= size or (done(position, end) and offsets):
                 yield RecordBlock(
                     task.topic, task.partition, keys, values,
                     np.asarray(offsets, dtype=np.int64), np.asarray(ts, dtype=np.int64),
@@ -238,6 +244,14 @@ class RangeReader:
                     [_header_pairs(h) for h in headers] if headers is not None else None)
                 keys, values, offsets, ts, types = [], [], [], [], []
                 headers = [] if headers is not None else None
+
+    def _stalled(self, position: int, end: int) -> BrokerError:
+        task = self.task
+        return BrokerError(
+            f"topic {task.topic}, partition {task.partition}: no records at offset {position} "
+            f"(range ends at {end}) and no progress for kafkaConsumer.pollTimeoutMs="
+            f"{self.options.poll_timeout_ms} from kafka.bootstrap.servers="
+            f"{self.options.bootstrap_servers!r}")
 
     def _on_error(self, error: KafkaError, message, position: int, end: int) -> int:
         task = self.task
@@ -487,20 +501,14 @@ class PackReader:
             return
         consumer.assign([KafkaTP(t, p, lane[0].position) for (t, p), lane in lanes.items()])
         size = self.options.max_records_per_batch
-        timeout = self.options.poll_timeout_ms / 1000.0
+        stall = Stall(self.options.poll_timeout_ms / 1000.0, time.monotonic())
         remaining = sum(p.end - p.position for lane in lanes.values() for p in lane)
         while lanes:
-            # Exactly what is left: consume() waits for as many messages as it is asked for.
-            messages = consumer.consume(max(1, min(size, remaining)), timeout)
-            if not messages:
-                waiting = next(iter(lanes.values()))[0]
-                task = waiting.reader.task
-                raise BrokerError(
-                    f"topic {task.topic}, partition {task.partition}: no records at offset "
-                    f"{waiting.position} (range ends at {waiting.end}) within "
-                    f"kafkaConsumer.pollTimeoutMs={self.options.poll_timeout_ms} from "
-                    f"kafka.bootstrap.servers={self.options.bootstrap_servers!r}")
-            finished = []
+            # Ask for no more than the offsets left: consume() waits for as many messages as
+            # it is asked for, or its slice.
+            asked = max(1, min(size, remaining))
+            messages = consumer.consume(asked, stall.wait_s(time.monotonic()))
+            before = remaining
             for message in messages:
                 tp = (message.topic(), message.partition())
                 lane = lanes.get(tp)
@@ -511,25 +519,56 @@ class PackReader:
                     remaining -= self._on_error(error, message, lane)
                 else:
                     remaining -= self._take(message, lane)
-                # Records go to the first range of the lane not done: the ranges before it
-                # are done, and only it can be full.
-                while lane:
-                    head = lane[0]
-                    if head.messages and (head.done or len(head.messages) >= size):
-                        self._compute(head)
-                    if not head.done:
-                        break
-                    lane.pop(0)
-                if not lane:
-                    del lanes[tp]
-                    finished.append(KafkaTP(*tp))
+                self._settle_lane(lane)
+            if short(asked, len(messages)) and any(lanes.values()):
+                remaining -= self._skip_gaps(consumer, lanes)
+            finished = [KafkaTP(*tp) for tp, lane in lanes.items() if not lane]
+            for tp in finished:
+                del lanes[(tp.topic, tp.partition)]
             if finished:
                 consumer.pause(finished)
+            now = time.monotonic()
+            if remaining < before:
+                stall.progressed(now)
+            elif stall.expired(now):
+                raise self._stalled(lanes)
             if self._ready_rows >= size or not lanes:
                 batch = self._assemble()
                 if batch is not None:
                     yield batch
             self._trip_faults(lanes)
+
+    def _settle_lane(self, lane: list[_Pending]) -> None:
+        """Turn the lane's head range's records into a block when it is full or done, and
+        drop the ranges that are done. Records go to the first range of the lane not done:
+        the ranges before it are done, and only it can be full."""
+        size = self.options.max_records_per_batch
+        while lane:
+            head = lane[0]
+            if head.messages and (head.done or len(head.messages) >= size):
+                self._compute(head)
+            if not head.done:
+                break
+            lane.pop(0)
+
+    def _skip_gaps(self, consumer: Consumer, lanes: dict[tuple[str, int], list[_Pending]]
+                   ) -> int:
+        """After a short consume: move every open range to its partition's position, past
+        markers and filtered records; returns the offsets that covers."""
+        open_tps = [tp for tp, lane in lanes.items() if lane]
+        covered = 0
+        for reported in consumer.position([KafkaTP(t, p) for t, p in open_tps]):
+            lane = lanes[(reported.topic, reported.partition)]
+            for pending in lane:
+                moved = advance(pending.position, reported.offset, pending.end)
+                covered += moved - pending.position
+                pending.position = moved
+            self._settle_lane(lane)
+        return covered
+
+    def _stalled(self, lanes: dict[tuple[str, int], list[_Pending]]) -> BrokerError:
+        waiting = next(iter(lanes.values()))[0]
+        return waiting.reader._stalled(waiting.position, waiting.end)
 
     def _compute(self, pending: _Pending) -> None:
         block = pending.block()
