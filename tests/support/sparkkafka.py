@@ -181,8 +181,8 @@ def run_baseline(script: str | os.PathLike, request: Mapping[str, Any] | None = 
         log = Path(log_path) if log_path else Path(tmp) / "child.log"
         with open(log, "w") as out:
             done = subprocess.run([python, str(script), str(request_path), str(reply_path)],
-                                  check=False, stdout=out, stderr=subprocess.STDOUT, env=child_env(python),
-                                  cwd=str(REPO_ROOT), timeout=timeout)
+                                  check=False, stdout=out, stderr=subprocess.STDOUT,
+                                  env=child_env(python), cwd=str(REPO_ROOT), timeout=timeout)
         if done.returncode != 0 or not reply_path.exists():
             tail = log.read_text(errors="replace")[-6000:]
             raise RuntimeError(f"baseline child {script} exited {done.returncode} without a "
