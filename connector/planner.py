@@ -26,7 +26,8 @@ from kwatermark.offsets import (
     rate_limit,
 )
 from kwatermark.options import EARLIEST, LATEST, OffsetBound, SourceOptions
-from kwatermark.reader import Decoders, PackReader
+from kwatermark.pack import PackReader
+from kwatermark.reader import Decoders
 from kwatermark.watermarks import (
     NO_PARTITIONS,
     UNDEFINED,

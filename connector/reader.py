@@ -3,29 +3,31 @@ every row's event time and watermark, and leave a progress record behind.
 
     open consumer -> check the range still exists -> seek -> consume blocks ->
     decode -> assign event times -> watermark rows -> Arrow batch -> progress record
+
+The consumer's settings are ``kwatermark.consumer``'s, when a range is done is
+``kwatermark.range_end``'s (shared with ``kwatermark.pack``, many ranges in one task).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError
 from confluent_kafka import TopicPartition as KafkaTP
 
 from kwatermark import arrow
-from kwatermark.errors import BrokerError, DataLossError, DecodeError, KWatermarkError
+from kwatermark.consumer import open_consumer, partition_bounds
+from kwatermark.errors import BrokerError, DataLossError, DecodeError
+from kwatermark.faults import fault_point, trip_fault
 from kwatermark.ledger import ProgressRecord
 from kwatermark.offsets import RangeTask
 from kwatermark.options import SourceOptions
 from kwatermark.range_end import Stall, advance, done, short
-from kwatermark.rdkafka_log import librdkafka_logger
 from kwatermark.records import RecordBlock
 from kwatermark.watermarks import (
     UNDEFINED,
@@ -40,19 +42,6 @@ from kwatermark.watermarks import (
 
 log = logging.getLogger("kwatermark.reader")
 
-# librdkafka's prefetch doubles consume throughput (DESIGN §9), but past the range's end it
-# only wastes memory and bandwidth: cap it at what the task still has to read. Whenever the
-# local queue holds queued.min.messages, or a fetch decision finds nothing to do yet,
-# librdkafka waits fetch.queue.backoff.ms before fetching again (1 s by default since 2.4).
-# 1 ms keeps a 100k queue at full speed, a worker's memory flat, and a task's first records
-# arriving at once (bench/README.md: a 1-record task 1,005 ms -> 13 ms at 10 ms -> 3 ms at
-# 1 ms; 5M-record range RSS growth 165 MB -> 3 MB; CPU per record not higher).
-MAX_PREFETCH_MESSAGES = 100_000
-FETCH_QUEUE_BACKOFF_MS = 1
-
-# Set only by the fault-injection tests: fail a task's first attempt mid-range.
-FAULT_ENV = "KWATERMARK_TEST_FAIL_ONCE_DIR"
-
 
 @dataclass
 class Decoders:
@@ -62,69 +51,6 @@ class Decoders:
     value: object | None = None
     key_on_error: str = "fail"
     value_on_error: str = "fail"
-
-
-def open_consumer(options: SourceOptions, remaining: int, partitions: int = 1) -> Consumer:
-    """A consumer for one task: ``remaining`` is the most records it reads from any one
-    partition (librdkafka's prefetch, ``queued.min.messages``, is per partition), and
-    ``partitions`` how many partitions it reads."""
-    conf = options.consumer_conf()
-    conf.update({
-        "group.id": options.group_id or f"{options.group_id_prefix}-{uuid.uuid4().hex[:12]}",
-        "enable.auto.commit": False,
-        "enable.partition.eof": True,
-        "auto.offset.reset": "error",
-        "logger": librdkafka_logger(),
-    })
-    conf.setdefault("queued.min.messages", max(1, min(remaining, MAX_PREFETCH_MESSAGES)))
-    conf.setdefault("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS)
-    if partitions > 1 and "fetch.max.bytes" not in conf:
-        conf["fetch.max.bytes"] = pack_fetch_bytes(conf)
-    try:
-        return Consumer(conf)
-    except KafkaException as exc:
-        raise KWatermarkError(f"cannot create a Kafka consumer from the kafka.* options: "
-                              f"{exc.args[0] if exc.args else exc}") from exc
-
-
-def pack_fetch_bytes(conf: dict) -> int:
-    """A pack's Fetch size: what a task reading one partition fetches per request
-    (``max.partition.fetch.bytes``), not librdkafka's 50 MB total.
-
-    A pack's ranges are small, but the partitions usually go on past them: with the default,
-    every Fetch brings back up to 1 MB of every partition of the pack, nearly all of it past
-    the ranges' ends, to be parsed and thrown away (512 partitions of 40 records: the
-    broker's answers took 0.6 s where 20,000 records needed 0.1 s; bench/README.md).
-    librdkafka refuses a ``fetch.max.bytes`` below ``message.max.bytes``."""
-    partition = int(conf.get("max.partition.fetch.bytes",
-                             conf.get("fetch.message.max.bytes", 1_048_576)))
-    return max(partition, int(conf.get("message.max.bytes", 1_000_000)))
-
-
-def partition_bounds(consumer: Consumer, options: SourceOptions, tasks: list[RangeTask]
-                     ) -> dict[tuple[str, int], tuple[int, int]]:
-    """Every task's partition's earliest and end offsets, in one ListOffsets request per
-    leader for each (``get_watermark_offsets`` asks once per partition). The consumer's
-    ``isolation.level`` applies, as it does to ``get_watermark_offsets``."""
-    tps = list(dict.fromkeys(task.tp for task in tasks))
-    timeout = options.poll_timeout_ms / 1000.0
-    found: dict[str, dict[tuple[str, int], int]] = {}
-    for name, which in (("low", OFFSET_BEGINNING), ("high", OFFSET_END)):
-        try:
-            answer = consumer.offsets_for_times([KafkaTP(t, p, which) for t, p in tps],
-                                                timeout)
-        except KafkaException as exc:
-            raise _offsets_error(options, tps[0], exc.args[0] if exc.args else exc) from exc
-        for tp in answer:
-            if tp.error is not None:
-                raise _offsets_error(options, (tp.topic, tp.partition), tp.error)
-        found[name] = {(tp.topic, tp.partition): tp.offset for tp in answer}
-    return {tp: (found["low"][tp], found["high"][tp]) for tp in tps}
-
-
-def _offsets_error(options: SourceOptions, tp: tuple[str, int], error: object) -> BrokerError:
-    return BrokerError(f"topic {tp[0]}, partition {tp[1]}: cannot fetch offsets from "
-                       f"kafka.bootstrap.servers={options.bootstrap_servers!r}: {error}")
 
 
 class RangeReader:
@@ -201,7 +127,7 @@ class RangeReader:
         headers = [] if self.layout.include_headers else None
         keys, values, offsets, ts, types = [], [], [], [], []
         position = start
-        fault = _fault_point(task)
+        fault = fault_point(task)
         stall = Stall(self.options.poll_timeout_ms / 1000.0, time.monotonic())
         where = [KafkaTP(task.topic, task.partition)]
         while not done(position, end):
@@ -234,14 +160,14 @@ class RangeReader:
             elif stall.expired(now):
                 raise self._stalled(position, end)
             if fault is not None and position > fault:
-                _trip_fault(task)
+                trip_fault(task)
                 fault = None
             if len(offsets) >= size or (done(position, end) and offsets):
                 yield RecordBlock(
                     task.topic, task.partition, keys, values,
                     np.asarray(offsets, dtype=np.int64), np.asarray(ts, dtype=np.int64),
                     np.asarray(types, dtype=np.int32),
-                    [_header_pairs(h) for h in headers] if headers is not None else None)
+                    [header_pairs(h) for h in headers] if headers is not None else None)
                 keys, values, offsets, ts, types = [], [], [], [], []
                 headers = [] if headers is not None else None
 
@@ -389,258 +315,7 @@ def _merge_errors(first: list | None, second: list | None) -> list | None:
     return merged if any(merged) else None
 
 
-def _header_pairs(headers: list | None) -> list | None:
+def header_pairs(headers: list | None) -> list | None:
     if headers is None:
         return None
     return [{"key": k, "value": v} for k, v in headers]
-
-
-def _fault_point(task: RangeTask) -> int | None:
-    """Offset after which this task's first attempt fails (tests only): armed by a file
-    ``<topic>.arm`` in the directory ``KWATERMARK_TEST_FAIL_ONCE_DIR`` names."""
-    directory = os.environ.get(FAULT_ENV)
-    if not directory or task.end - task.start < 2:
-        return None
-    if not os.path.exists(os.path.join(directory, f"{task.topic}.arm")):
-        return None
-    marker = os.path.join(directory, f"{task.topic}-{task.partition}-{task.start}")
-    return None if os.path.exists(marker) else task.start + (task.end - task.start) // 2
-
-
-def _trip_fault(task: RangeTask) -> None:
-    directory = os.environ[FAULT_ENV]
-    with open(os.path.join(directory, f"{task.topic}-{task.partition}-{task.start}"), "w"):
-        pass
-    raise RuntimeError(f"injected test fault: topic {task.topic}, partition {task.partition}, "
-                       f"range [{task.start}, {task.end})")
-
-
-class _Pending:
-    """One range of a pack while it is being read: its reader and the messages not yet
-    turned into a block."""
-
-    def __init__(self, reader: RangeReader, start: int, end: int, with_headers: bool):
-        self.reader = reader
-        self.position = start
-        self.end = end
-        self.fault = _fault_point(reader.task)
-        self.with_headers = with_headers
-        self.messages: list = []
-
-    @property
-    def done(self) -> bool:
-        return self.position >= self.end
-
-    def block(self) -> RecordBlock:
-        task = self.reader.task
-        messages, self.messages = self.messages, []
-        stamps = np.array([m.timestamp() for m in messages], dtype=np.int64).reshape(-1, 2)
-        return RecordBlock(
-            task.topic, task.partition, [m.key() for m in messages],
-            [m.value() for m in messages],
-            np.array([m.offset() for m in messages], dtype=np.int64), stamps[:, 1].copy(),
-            # librdkafka's timestamp types 1/2 -> Kafka's Java ids 0/1
-            (stamps[:, 0] - 1).astype(np.int32),
-            [_header_pairs(m.headers()) for m in messages] if self.with_headers else None)
-
-
-class PackReader:
-    """Iterate the Arrow batches of several ranges (one Spark task, DESIGN §12) with one
-    consumer assigned to all of their partitions, so one fetch serves them all.
-
-    Each range keeps its own ``RangeReader``: its own start state, rows and progress record,
-    exactly as if it were a task of its own; a single range is read by its ``RangeReader``
-    alone. ``progress`` lists ``(task, record)`` pairs once every range is done.
-
-    >>> reader = PackReader(options, layout, decoders, tasks)   # doctest: +SKIP
-    >>> for batch in reader: ...
-    >>> for task, record in reader.progress: ledger.publish(task, fingerprint, record)
-    """
-
-    def __init__(self, options: SourceOptions, layout: arrow.OutputLayout, decoders: Decoders,
-                 tasks: list[RangeTask]):
-        self.options = options
-        self.layout = layout
-        self.readers = [RangeReader(options, layout, decoders, task) for task in tasks]
-        self.progress: list[tuple[RangeTask, ProgressRecord]] | None = None
-        self._ready: list[tuple[RecordBlock, Computed]] = []
-        self._ready_rows = 0
-
-    def __iter__(self) -> Iterator[pa.RecordBatch]:
-        if len(self.readers) == 1:
-            reader = self.readers[0]
-            yield from reader
-            self.progress = [(reader.task, reader.progress)]
-            return
-        planned: dict[tuple[str, int], int] = {}
-        for r in self.readers:
-            if r.task.end > r.task.start:
-                planned[r.task.tp] = planned.get(r.task.tp, 0) + r.task.end - r.task.start
-        if planned:
-            consumer = open_consumer(self.options, max(planned.values()), len(planned))
-            try:
-                yield from self._read(consumer)
-            finally:
-                consumer.close()
-        self.progress = [(r.task, r._progress()) for r in self.readers]
-
-    def _read(self, consumer: Consumer) -> Iterator[pa.RecordBatch]:
-        # A partition's sub-ranges (minPartitions) in one pack are contiguous and in offset
-        # order: the partition is assigned once, at the first one's start.
-        lanes: dict[tuple[str, int], list[_Pending]] = {}
-        reading = [r for r in self.readers if r.task.end > r.task.start]
-        bounds = partition_bounds(consumer, self.options, [r.task for r in reading])
-        for reader in reading:
-            start, end = reader._check_range(*bounds[reader.task.tp])
-            lanes.setdefault(reader.task.tp, []).append(
-                _Pending(reader, start, end, self.layout.include_headers))
-        for lane in lanes.values():
-            lane[:] = [p for p in lane if not p.done]
-        lanes = {tp: lane for tp, lane in lanes.items() if lane}
-        if not lanes:
-            return
-        consumer.assign([KafkaTP(t, p, lane[0].position) for (t, p), lane in lanes.items()])
-        size = self.options.max_records_per_batch
-        stall = Stall(self.options.poll_timeout_ms / 1000.0, time.monotonic())
-        remaining = sum(p.end - p.position for lane in lanes.values() for p in lane)
-        while lanes:
-            # Ask for no more than the offsets left: consume() waits for as many messages as
-            # it is asked for, or its slice.
-            asked = max(1, min(size, remaining))
-            messages = consumer.consume(asked, stall.wait_s(time.monotonic()))
-            before = remaining
-            for message in messages:
-                tp = (message.topic(), message.partition())
-                lane = lanes.get(tp)
-                if lane is None:
-                    continue  # a partition already done (paused) or not ours
-                error = message.error()
-                if error is not None:
-                    remaining -= self._on_error(error, message, lane)
-                else:
-                    remaining -= self._take(message, lane)
-                self._settle_lane(lane)
-            if short(asked, len(messages)) and any(lanes.values()):
-                remaining -= self._skip_gaps(consumer, lanes)
-            finished = [KafkaTP(*tp) for tp, lane in lanes.items() if not lane]
-            for tp in finished:
-                del lanes[(tp.topic, tp.partition)]
-            if finished:
-                consumer.pause(finished)
-            now = time.monotonic()
-            if remaining < before:
-                stall.progressed(now)
-            elif stall.expired(now):
-                raise self._stalled(lanes)
-            if self._ready_rows >= size or not lanes:
-                batch = self._assemble()
-                if batch is not None:
-                    yield batch
-            self._trip_faults(lanes)
-
-    def _settle_lane(self, lane: list[_Pending]) -> None:
-        """Turn the lane's head range's records into a block when it is full or done, and
-        drop the ranges that are done. Records go to the first range of the lane not done:
-        the ranges before it are done, and only it can be full."""
-        size = self.options.max_records_per_batch
-        while lane:
-            head = lane[0]
-            if head.messages and (head.done or len(head.messages) >= size):
-                self._compute(head)
-            if not head.done:
-                break
-            lane.pop(0)
-
-    def _skip_gaps(self, consumer: Consumer, lanes: dict[tuple[str, int], list[_Pending]]
-                   ) -> int:
-        """After a short consume: move every open range to its partition's position, past
-        markers and filtered records; returns the offsets that covers."""
-        open_tps = [tp for tp, lane in lanes.items() if lane]
-        covered = 0
-        for reported in consumer.position([KafkaTP(t, p) for t, p in open_tps]):
-            lane = lanes[(reported.topic, reported.partition)]
-            for pending in lane:
-                moved = advance(pending.position, reported.offset, pending.end)
-                covered += moved - pending.position
-                pending.position = moved
-            self._settle_lane(lane)
-        return covered
-
-    def _stalled(self, lanes: dict[tuple[str, int], list[_Pending]]) -> BrokerError:
-        waiting = next(iter(lanes.values()))[0]
-        return waiting.reader._stalled(waiting.position, waiting.end)
-
-    def _compute(self, pending: _Pending) -> None:
-        block = pending.block()
-        self._ready.append((block, pending.reader._compute(block)))
-        self._ready_rows += len(block)
-
-    def _assemble(self) -> pa.RecordBatch | None:
-        """The rows computed so far as one batch (None when there are none to yield)."""
-        ready, self._ready, self._ready_rows = self._ready, [], 0
-        if not ready:
-            return None
-        batch = assemble(self.layout, self.readers[0].schema, self.options.late_records,
-                         ready)
-        return batch if batch.num_rows else None
-
-    @staticmethod
-    def _take(message, lane: list[_Pending]) -> int:
-        """File one record under the range it belongs to; returns the offsets it covers."""
-        offset = message.offset()
-        covered = 0
-        for pending in lane:
-            if pending.done:
-                continue
-            if offset >= pending.end:
-                covered += pending.end - pending.position
-                pending.position = pending.end
-                continue
-            if offset < pending.position:
-                return covered   # before this range (a gap left by data loss)
-            pending.messages.append(message)
-            covered += offset + 1 - pending.position
-            pending.position = offset + 1
-            return covered
-        return covered
-
-    @staticmethod
-    def _on_error(error: KafkaError, message, lane: list[_Pending]) -> int:
-        """As ``RangeReader._on_error``, for every range of the partition still open."""
-        code = error.code()
-        if code not in (KafkaError._PARTITION_EOF, KafkaError._AUTO_OFFSET_RESET,
-                        KafkaError.OFFSET_OUT_OF_RANGE):
-            first = lane[0]
-            task = first.reader.task
-            raise BrokerError(f"topic {task.topic}, partition {task.partition}, offset "
-                              f"{first.position}: {error.str()}")
-        covered = 0
-        for pending in lane:
-            if pending.done:
-                continue
-            if code == KafkaError._PARTITION_EOF:
-                # Every record before the log's end has been delivered: past `end`, the
-                # range's last offsets were gaps (compaction, transaction markers).
-                if message.offset() < pending.end:
-                    pending.reader._data_loss(
-                        f"the partition ended at offset {message.offset()} while offsets up "
-                        f"to {pending.end} were planned")
-            else:
-                pending.reader._data_loss(f"offset {pending.position} is out of range: "
-                                          f"{error.str()}")
-            covered += pending.end - pending.position
-            pending.position = pending.end
-        return covered
-
-    def _trip_faults(self, lanes: dict[tuple[str, int], list[_Pending]]) -> None:
-        """Tests only: a pack's first attempt fails once, mid-range, like a task's."""
-        for lane in lanes.values():
-            for pending in lane:
-                if pending.fault is not None and pending.position > pending.fault:
-                    directory = os.environ[FAULT_ENV]
-                    for other in self.readers:
-                        task = other.task
-                        with open(os.path.join(directory, f"{task.topic}-{task.partition}-"
-                                                          f"{task.start}"), "w"):
-                            pass
-                    _trip_fault(pending.reader.task)

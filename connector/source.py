@@ -34,8 +34,9 @@ from kwatermark.arrow import OutputLayout, heartbeat_batch
 from kwatermark.errors import OptionError
 from kwatermark.offsets import BatchOffset, RangeTask
 from kwatermark.options import SourceOptions, parse_options
+from kwatermark.pack import PackReader
 from kwatermark.planner import BatchPlanner, ReadLimits
-from kwatermark.reader import Decoders, PackReader
+from kwatermark.reader import Decoders
 
 
 class RangePartition(InputPartition):

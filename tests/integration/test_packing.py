@@ -9,9 +9,11 @@ from confluent_kafka import TopicPartition as KafkaTP
 from pyspark.sql import functions as F
 
 from kwatermark.arrow import OutputLayout
+from kwatermark.consumer import open_consumer, partition_bounds
 from kwatermark.offsets import PartitionState, RangeTask
 from kwatermark.options import parse_options
-from kwatermark.reader import Decoders, PackReader, RangeReader, open_consumer, partition_bounds
+from kwatermark.pack import PackReader
+from kwatermark.reader import Decoders, RangeReader
 from kwatermark.watermarks import NO_PARTITIONS
 from tests.support.kafka import Record
 from tests.support.streams import Batches, kwatermark_stream, run_available_now

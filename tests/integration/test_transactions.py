@@ -16,7 +16,8 @@ import pytest
 from kwatermark.arrow import OutputLayout
 from kwatermark.offsets import PartitionState, RangeTask
 from kwatermark.options import parse_options
-from kwatermark.reader import Decoders, PackReader, RangeReader
+from kwatermark.pack import PackReader
+from kwatermark.reader import Decoders, RangeReader
 from kwatermark.watermarks import NO_PARTITIONS
 from tests.support.kafka import Record
 from tests.support.streams import Batches, kwatermark_batch, kwatermark_stream, run_available_now

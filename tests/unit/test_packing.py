@@ -220,7 +220,7 @@ def test_a_lost_pack_is_recomputed_range_by_range_and_counted(tmp_path, caplog):
 
 
 def test_a_pack_fetches_per_request_what_a_one_partition_task_fetches():
-    from kwatermark.reader import pack_fetch_bytes
+    from kwatermark.consumer import pack_fetch_bytes
 
     assert pack_fetch_bytes({}) == 1_048_576                 # librdkafka's partition default
     assert pack_fetch_bytes({"max.partition.fetch.bytes": "65536"}) == 1_000_000

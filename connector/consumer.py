@@ -1,0 +1,86 @@
+"""The Kafka consumer a task reads with: its settings (prefetch capped at the task's ranges,
+a pack's fetch size) and the one offset check of a task's partitions."""
+
+from __future__ import annotations
+
+import uuid
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException
+from confluent_kafka import TopicPartition as KafkaTP
+
+from kwatermark.errors import BrokerError, KWatermarkError
+from kwatermark.offsets import RangeTask
+from kwatermark.options import SourceOptions
+from kwatermark.rdkafka_log import librdkafka_logger
+
+# librdkafka's prefetch doubles consume throughput (DESIGN §9), but past the range's end it
+# only wastes memory and bandwidth: cap it at what the task still has to read. Whenever the
+# local queue holds queued.min.messages, or a fetch decision finds nothing to do yet,
+# librdkafka waits fetch.queue.backoff.ms before fetching again (1 s by default since 2.4).
+# 1 ms keeps a 100k queue at full speed, a worker's memory flat, and a task's first records
+# arriving at once (bench/README.md: a 1-record task 1,005 ms -> 13 ms at 10 ms -> 3 ms at
+# 1 ms; 5M-record range RSS growth 165 MB -> 3 MB; CPU per record not higher).
+MAX_PREFETCH_MESSAGES = 100_000
+FETCH_QUEUE_BACKOFF_MS = 1
+
+def open_consumer(options: SourceOptions, remaining: int, partitions: int = 1) -> Consumer:
+    """A consumer for one task: ``remaining`` is the most records it reads from any one
+    partition (librdkafka's prefetch, ``queued.min.messages``, is per partition), and
+    ``partitions`` how many partitions it reads."""
+    conf = options.consumer_conf()
+    conf.update({
+        "group.id": options.group_id or f"{options.group_id_prefix}-{uuid.uuid4().hex[:12]}",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "error",
+        "logger": librdkafka_logger(),
+    })
+    conf.setdefault("queued.min.messages", max(1, min(remaining, MAX_PREFETCH_MESSAGES)))
+    conf.setdefault("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS)
+    if partitions > 1 and "fetch.max.bytes" not in conf:
+        conf["fetch.max.bytes"] = pack_fetch_bytes(conf)
+    try:
+        return Consumer(conf)
+    except KafkaException as exc:
+        raise KWatermarkError(f"cannot create a Kafka consumer from the kafka.* options: "
+                              f"{exc.args[0] if exc.args else exc}") from exc
+
+
+def pack_fetch_bytes(conf: dict) -> int:
+    """A pack's Fetch size: what a task reading one partition fetches per request
+    (``max.partition.fetch.bytes``), not librdkafka's 50 MB total.
+
+    A pack's ranges are small, but the partitions usually go on past them: with the default,
+    every Fetch brings back up to 1 MB of every partition of the pack, nearly all of it past
+    the ranges' ends, to be parsed and thrown away (512 partitions of 40 records: the
+    broker's answers took 0.6 s where 20,000 records needed 0.1 s; bench/README.md).
+    librdkafka refuses a ``fetch.max.bytes`` below ``message.max.bytes``."""
+    partition = int(conf.get("max.partition.fetch.bytes",
+                             conf.get("fetch.message.max.bytes", 1_048_576)))
+    return max(partition, int(conf.get("message.max.bytes", 1_000_000)))
+
+
+def partition_bounds(consumer: Consumer, options: SourceOptions, tasks: list[RangeTask]
+                     ) -> dict[tuple[str, int], tuple[int, int]]:
+    """Every task's partition's earliest and end offsets, in one ListOffsets request per
+    leader for each (``get_watermark_offsets`` asks once per partition). The consumer's
+    ``isolation.level`` applies, as it does to ``get_watermark_offsets``."""
+    tps = list(dict.fromkeys(task.tp for task in tasks))
+    timeout = options.poll_timeout_ms / 1000.0
+    found: dict[str, dict[tuple[str, int], int]] = {}
+    for name, which in (("low", OFFSET_BEGINNING), ("high", OFFSET_END)):
+        try:
+            answer = consumer.offsets_for_times([KafkaTP(t, p, which) for t, p in tps],
+                                                timeout)
+        except KafkaException as exc:
+            raise _offsets_error(options, tps[0], exc.args[0] if exc.args else exc) from exc
+        for tp in answer:
+            if tp.error is not None:
+                raise _offsets_error(options, (tp.topic, tp.partition), tp.error)
+        found[name] = {(tp.topic, tp.partition): tp.offset for tp in answer}
+    return {tp: (found["low"][tp], found["high"][tp]) for tp in tps}
+
+
+def _offsets_error(options: SourceOptions, tp: tuple[str, int], error: object) -> BrokerError:
+    return BrokerError(f"topic {tp[0]}, partition {tp[1]}: cannot fetch offsets from "
+                       f"kafka.bootstrap.servers={options.bootstrap_servers!r}: {error}")
