@@ -178,8 +178,12 @@ def test_open_transaction_while_a_live_stream_runs(spark, broker, tmp_path):
     The stream goes quiet between steps (its last range ends on a marker)."""
     writer = TransactionalWriter(broker, broker.create_topic(2))
     writer.commit(records(2, 5, 1_000, "before"))
+    # Tansu answers a read_committed ListOffsets with 0 while a transaction is open
+    # (measured here): no last stable offset to plan to. There the stream reads
+    # read_uncommitted, as Kafka's default: the open transaction's records as they come.
+    isolation = "read_committed" if broker.filters_aborted_records else "read_uncommitted"
     frame = kwatermark_stream(spark, broker, writer.topic,
-                              **{**PATIENT, "kafka.isolation.level": "read_committed"})
+                              **{**PATIENT, "kafka.isolation.level": isolation})
     batches = Batches()
     query = (frame.writeStream.foreachBatch(batches.collect)
              .option("checkpointLocation", str(tmp_path / "cp"))
