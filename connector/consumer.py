@@ -23,6 +23,7 @@ from kwatermark.rdkafka_log import librdkafka_logger
 MAX_PREFETCH_MESSAGES = 100_000
 FETCH_QUEUE_BACKOFF_MS = 1
 
+
 def open_consumer(options: SourceOptions, remaining: int, partitions: int = 1) -> Consumer:
     """A consumer for one task: ``remaining`` is the most records it reads from any one
     partition (librdkafka's prefetch, ``queued.min.messages``, is per partition), and
@@ -31,6 +32,8 @@ def open_consumer(options: SourceOptions, remaining: int, partitions: int = 1) -
     conf.update({
         "group.id": options.group_id or f"{options.group_id_prefix}-{uuid.uuid4().hex[:12]}",
         "enable.auto.commit": False,
+        # An end-of-partition event at the high watermark (or, under read_committed, the
+        # last stable offset) says a range ending there is done (kwatermark.range_end).
         "enable.partition.eof": True,
         "auto.offset.reset": "error",
         "logger": librdkafka_logger(),
