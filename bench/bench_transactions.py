@@ -10,6 +10,8 @@ event times 1 ms apart, as bench/common.py writes them):
 
 Each round reads every topic, in an order rotated from round to round, three ways:
 
+* ``bare_consumer``: a bare confluent-kafka consumer counting records (the floor: what the
+  topic's layout costs any consumer);
 * ``reader``: kwatermark's executor loop alone (``RangeReader``, no Spark) over partition 0,
   under ``read_committed``: records/s and, against ``plain``, the cost per record;
 * ``batch``: ``spark.read.format("kwatermark")`` of the whole topic into the noop sink;
@@ -139,6 +141,31 @@ def counted_read(bootstrap: str, topic: str, end: int) -> tuple[int, float, dict
     return rows, seconds, counts
 
 
+def bare_read(bootstrap: str, topic: str, end: int) -> tuple[int, float]:
+    """The floor: a bare confluent-kafka consumer over partition 0 under read_committed,
+    counting records and nothing else, done when its position reaches ``end``. What the
+    topic's layout costs any consumer (a transaction's records are many small batches in
+    the log), against which kwatermark's own loop is measured."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTP
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bare-{topic}",
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "queued.min.messages": 100_000, "fetch.queue.backoff.ms": 1})
+    started = time.perf_counter()
+    try:
+        consumer.assign([KafkaTP(topic, 0, 0)])
+        rows, where = 0, [KafkaTP(topic, 0)]
+        while True:
+            batch = consumer.consume(10_000, 0.01)
+            rows += sum(1 for m in batch if m.error() is None and m.offset() < end)
+            if len(batch) < 10_000 and consumer.position(where)[0].offset >= end:
+                break
+    finally:
+        consumer.close()
+    return rows, time.perf_counter() - started
+
+
 def rotated(names: list[str], round_no: int) -> list[str]:
     shift = round_no % len(names)
     return names[shift:] + names[:shift]
@@ -156,8 +183,9 @@ def kwatermark_runs(args, bootstrap: str, topics: dict[str, str], ends: dict[str
     ws = Workspace()
     records = args.records
     per_trigger = str(-(-records // args.batches))
-    found: dict[str, dict[str, list[float]]] = {k: {"reader": [], "batch": [],
-                                                     "available_now": []} for k in topics}
+    found: dict[str, dict[str, list[float]]] = {
+        k: {"bare_consumer": [], "reader": [], "batch": [], "available_now": []}
+        for k in topics}
     calls: dict[str, list[dict[str, int]]] = {}
     try:
         base = {"kafka.bootstrap.servers": bootstrap, "startingOffsets": "earliest",
@@ -167,6 +195,9 @@ def kwatermark_runs(args, bootstrap: str, topics: dict[str, str], ends: dict[str
         for r in range(args.rounds):
             for kind in rotated(list(topics), r):
                 topic = topics[kind]
+                rows, seconds = bare_read(bootstrap, topic, ends[kind][0])
+                assert rows == records // args.partitions, (kind, rows)
+                found[kind]["bare_consumer"].append(rows / seconds)
                 rows, seconds, counts = counted_read(bootstrap, topic, ends[kind][0])
                 assert rows == records // args.partitions, (kind, rows)
                 found[kind]["reader"].append(rows / seconds)
@@ -180,7 +211,8 @@ def kwatermark_runs(args, bootstrap: str, topics: dict[str, str], ends: dict[str
                                        {**options, "maxOffsetsPerTrigger": per_trigger},
                                        records, f"{kind} round {r}", ws)
                 found[kind]["available_now"].append(records / (time.perf_counter() - started))
-                log(f"round {r} {kind:<10} reader {found[kind]['reader'][-1]:>10,.0f}/s  "
+                log(f"round {r} {kind:<10} bare {found[kind]['bare_consumer'][-1]:>10,.0f}/s  "
+                    f"reader {found[kind]['reader'][-1]:>10,.0f}/s  "
                     f"batch {found[kind]['batch'][-1]:>10,.0f}/s  AvailableNow "
                     f"{found[kind]['available_now'][-1]:>10,.0f}/s  reader's consumer "
                     f"{counts}")
@@ -215,9 +247,16 @@ def summary(found: dict[str, dict[str, list[float]]]) -> dict:
             plain = out["plain"][way]["median_records_per_s"]
             txn = out[kind][way]["median_records_per_s"]
             out[kind][way]["ratio_to_plain"] = txn / plain
-            if way == "reader":
+            if way in ("reader", "bare_consumer"):
                 # The cost per record: time per record, transactional minus plain.
                 out[kind][way]["extra_us_per_record"] = (1 / txn - 1 / plain) * 1e6
+    for kind, ways in out.items():
+        if "bare_consumer" in ways:
+            # kwatermark's loop against the bare consumer on the same topic: the layout's
+            # cost (small batches, markers) cancels out.
+            ways["reader"]["ratio_to_bare_consumer"] = (
+                ways["reader"]["median_records_per_s"]
+                / ways["bare_consumer"]["median_records_per_s"])
     return out
 
 
@@ -228,6 +267,8 @@ def report(title: str, figures: dict) -> list[str]:
             line = f"  {kind:<10} {way:<14} {f['median_records_per_s']:>11,.0f} records/s"
             if "ratio_to_plain" in f:
                 line += f"   transactional/plain {f['ratio_to_plain']:.2f}"
+            if "ratio_to_bare_consumer" in f:
+                line += f"   reader/bare {f['ratio_to_bare_consumer']:.2f}"
             if "extra_us_per_record" in f:
                 line += f"   ({f['extra_us_per_record']:+.3f} us/record)"
             lines.append(line)
