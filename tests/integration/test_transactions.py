@@ -330,7 +330,7 @@ def test_compacted_topic_reads_every_keys_latest_value(spark, broker, checkpoint
     assert latest(again) == written
 
 
-def test_a_record_never_read_twice_across_two_queries_on_unique_ids(spark, broker):
+def test_ground_truth_offsets_are_those_a_plain_consumer_reads(broker):
     """Sanity of the ground truth: offsets from delivery reports are those a plain
     consumer returns."""
     writer = TransactionalWriter(broker, broker.create_topic(1))
