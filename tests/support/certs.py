@@ -90,13 +90,7 @@ def keytool() -> str:
 
 
 def write_jks_truststore(path: Path, password: str, ca: Issued) -> Path:
-    pem = path.with_suffix(".ca.pem")
-    pem.write_text(ca.cert_pem())
-    subprocess.run([keytool(), "-importcert", "-noprompt", "-alias", "ca", "-file", str(pem),
-                    "-storetype", "JKS", "-keystore", str(path), "-storepass", password],
-                   check=True, capture_output=True)
-    pem.unlink()
-    return path
+    return write_keytool_truststore(path, password, ca, "JKS")
 
 
 def write_jks_keystore(path: Path, store_password: str, leaf: Issued, ca: Issued,
@@ -112,4 +106,17 @@ def write_jks_keystore(path: Path, store_password: str, leaf: Issued, ca: Issued
         command += ["-destkeypass", key_password, "-srcalias", "client"]
     subprocess.run(command, check=True, capture_output=True)
     staging.unlink()
+    return path
+
+
+def write_keytool_truststore(path: Path, password: str, ca: Issued,
+                             store_type: str = "JKS") -> Path:
+    """A truststore made by keytool, as a Java user makes one: JKS, or PKCS12 whose entries
+    carry Java's trusted-certificate attribute (which Java needs to trust them)."""
+    pem = path.with_suffix(".ca.pem")
+    pem.write_text(ca.cert_pem())
+    subprocess.run([keytool(), "-importcert", "-noprompt", "-alias", "ca", "-file", str(pem),
+                    "-storetype", store_type, "-keystore", str(path), "-storepass", password],
+                   check=True, capture_output=True)
+    pem.unlink()
     return path
