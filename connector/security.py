@@ -622,3 +622,45 @@ def librdkafka_conf(conf: Mapping[str, str]) -> dict[str, str]:
     memory (cached per process until the file changes). Called where a client is created."""
     return _translate(conf, read_stores=True)
 
+
+
+def principal_hint(conf: Mapping[str, str]) -> str:
+    """Who the brokers see, as far as a translated (librdkafka) configuration tells, for
+    errors: the brokers' principal mapping may rename it. Never a secret."""
+    protocol = conf.get("security.protocol", "plaintext").lower()
+    if protocol.startswith("sasl"):
+        mechanism = conf.get("sasl.mechanism", "GSSAPI").upper()
+        if mechanism == "GSSAPI":
+            return f"the Kerberos principal {conf.get('sasl.kerberos.principal', 'kafkaclient')!r}"
+        if mechanism == "OAUTHBEARER":
+            return "the OAUTHBEARER token's principal"
+        return f"the SASL user {conf.get('sasl.username', '')!r} ({mechanism})"
+    if protocol == "ssl":
+        pem = conf.get("ssl.certificate.pem")
+        if pem:
+            from cryptography import x509
+
+            try:
+                subject = x509.load_pem_x509_certificate(pem.encode()).subject.rfc4514_string()
+            except ValueError:
+                subject = "?"
+            return f"the TLS client certificate {subject!r}"
+        if conf.get("ssl.certificate.location"):
+            return "the TLS client certificate of kafka.ssl.certificate.location"
+    return "the anonymous principal (User:ANONYMOUS: no client credentials)"
+
+
+_AUTHORIZATION_CODES = {"TOPIC_AUTHORIZATION_FAILED": "READ on the topic",
+                        "GROUP_AUTHORIZATION_FAILED": "READ on the consumer group",
+                        "CLUSTER_AUTHORIZATION_FAILED": "the cluster operation"}
+
+
+def refusal_hint(error, options) -> str:
+    """For a Kafka error of an authorization kind, ``"; not authorized for <principal> on
+    kafka.bootstrap.servers=...: grant it ..."`` (else ""), to append to the error's text.
+    ``error``: a confluent_kafka KafkaError; ``options``: the source's SourceOptions."""
+    grant = _AUTHORIZATION_CODES.get(error.name())
+    if grant is None:
+        return ""
+    return (f"; not authorized for {principal_hint(options.consumer_conf())} on "
+            f"kafka.bootstrap.servers={options.bootstrap_servers!r}: grant it {grant}")

@@ -256,3 +256,19 @@ def test_a_hostname_mismatch_fails_and_an_empty_endpoint_algorithm_accepts_it(
     # Same CA, same listener: only the host name was wrong. Spark's "" turns the check off.
     unchecked = {**trust, "kafka.ssl.endpoint.identification.algorithm": ""}
     assert rows(kwatermark_batch(spark, broker, secured.topic, **unchecked)) == reference
+
+
+# -- authorization ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("user, password", [("bob", "bob-pw"), ("carol", "carol-pw")],
+                         ids=["no-ACL", "DESCRIBE-only"])
+def test_a_user_without_read_on_the_topic_fails_naming_the_topic_and_the_principal(
+        spark, secured, user, password):
+    """bob may not even see the topic (Kafka then answers as if it did not exist); carol sees
+    it but may not read it."""
+    broker = secured.broker("SASL")
+    message = failure_of(spark, broker, secured.topic,
+                         in_tmp(secured, sasl_options("PLAIN", user, password)))
+    assert secured.topic in message and "not authorized" in message.lower()
+    assert f"SASL user '{user}'" in message
+    assert f"kafka.bootstrap.servers='{broker.bootstrap_servers}'" in message

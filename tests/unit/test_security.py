@@ -362,3 +362,35 @@ def test_check_reads_no_file():
                                  "kafka.sasl.oauthbearer.config"])
 def test_secret_options_are_redacted(key):
     assert is_secret(key)
+
+
+# -- who the brokers see, for authorization errors --------------------------------------------
+
+def test_principal_hints_name_the_user_or_certificate_never_a_secret(pki, tmp_path):
+    from kwatermark.security import principal_hint
+
+    sasl = librdkafka_conf({"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+                            "sasl.jaas.config": jaas(PLAIN_MODULE,
+                                                     f'username="bob" password="{SECRET}"')})
+    assert principal_hint(sasl) == "the SASL user 'bob' (PLAIN)"
+    ca, client, _ = pki
+    path = write_pkcs12(tmp_path / "k.p12", SECRET, client, (ca,))
+    mtls = librdkafka_conf({"security.protocol": "SSL", "ssl.keystore.location": str(path),
+                            "ssl.keystore.password": SECRET})
+    assert principal_hint(mtls) == "the TLS client certificate 'CN=client'"
+    assert "ANONYMOUS" in principal_hint({})
+
+
+def test_an_authorization_error_gets_the_principal_and_brokers_appended():
+    from confluent_kafka import KafkaError
+
+    from kwatermark.security import refusal_hint
+
+    options = parse_options({"kafka.bootstrap.servers": "b:9093", "subscribe": "t",
+                             "kafka.security.protocol": "SASL_SSL",
+                             "kafka.sasl.mechanism": "SCRAM-SHA-512",
+                             "kafka.sasl.username": "carol", "kafka.sasl.password": SECRET})
+    hint = refusal_hint(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), options)
+    assert hint == ("; not authorized for the SASL user 'carol' (SCRAM-SHA-512) on "
+                    "kafka.bootstrap.servers='b:9093': grant it READ on the topic")
+    assert refusal_hint(KafkaError(KafkaError._TRANSPORT), options) == ""
