@@ -21,10 +21,12 @@ credentials at format time, before the broker takes its first request.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -86,7 +88,7 @@ def runtime_classpath() -> str:
         result = subprocess.run(
             [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
              f"-DoutputDirectory={staging / 'jars'}", "-DincludeScope=runtime"],
-            capture_output=True, text=True, timeout=900)
+            check=False, capture_output=True, text=True, timeout=900)
         if result.returncode != 0:
             shutil.rmtree(staging, ignore_errors=True)
             tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
@@ -170,17 +172,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _load_prctl():
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        return None
+
+
+# Resolved in the parent: between fork and exec the child must not import or take locks
+# that another thread of the parent (Spark's, py4j's) may have held at fork time.
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
 def die_with_parent() -> None:
     """``preexec_fn``: the child gets SIGKILL when the process that started it dies, so a
     broker never outlives a Python session that forgot to stop it (Linux only)."""
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
@@ -235,19 +246,22 @@ class ApacheKafka:
             formatted = subprocess.run(
                 jvm + ["kafka.tools.StorageTool", "format", "-t", cluster_id(), "-c",
                        config_file, "--ignore-formatted", *scram],
-                capture_output=True, text=True, timeout=120)
+                check=False, capture_output=True, text=True, timeout=120)
             if formatted.returncode != 0:
                 raise KWatermarkError(f"formatting the Kafka storage failed: "
                                       f"{(formatted.stderr or formatted.stdout).strip()[-2000:]}")
             with open(os.path.join(data_dir, "stdout.log"), "wb") as out:
                 process = subprocess.Popen(jvm + ["kafka.Kafka", config_file], stdout=out,
                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           preexec_fn=die_with_parent)
+                                           preexec_fn=die_with_parent)  # noqa: PLW1509 - see _PRCTL
         except BaseException:
             shutil.rmtree(data_dir, ignore_errors=True)
             raise
         broker = cls(process, port, data_dir, config,
                      {name: p for name, (_, p) in ports.items()})
+        # A session that exits without stop() still stops the broker and removes its data;
+        # die_with_parent covers the exits that skip atexit (a kill).
+        atexit.register(broker.stop)
         try:
             broker._await_ready(timeout_s)
         except BaseException:
@@ -271,7 +285,7 @@ class ApacheKafka:
             try:
                 admin.create_topics([NewTopic(PROBE_TOPIC, 1, 1)])[PROBE_TOPIC].result(5)
                 break
-            except Exception as exc:  # noqa: BLE001 - retried until the deadline
+            except Exception as exc:  # retried until the deadline
                 if "TOPIC_ALREADY_EXISTS" in str(exc):
                     break
                 if time.monotonic() > deadline:
