@@ -90,8 +90,9 @@ class KafkaMetadata:
                 error = exc.args[0] if exc.args else exc
                 if attempt + 1 >= attempts:
                     self.admin.poll(0)  # serves the queued error_cb calls
-                    cause = (f"; last connection error: {self._connection_error}"
-                             if self._connection_error else "")
+                    last = self._connection_error
+                    cause = (f"; last connection error: {last}" + security.tls_verify_reason(
+                        last, self.options.consumer_conf()) if last else "")
                     if self._reached:
                         budget = f"kafkaConsumer.pollTimeoutMs={self.options.poll_timeout_ms}"
                     else:

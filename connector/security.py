@@ -664,3 +664,35 @@ def refusal_hint(error, options) -> str:
         return ""
     return (f"; not authorized for {principal_hint(options.consumer_conf())} on "
             f"kafka.bootstrap.servers={options.bootstrap_servers!r}: grant it {grant}")
+
+
+_TLS_ADDRESS = re.compile(r"\b(?:sasl_)?ssl://(\[[^\]]+\]|[^:/\s]+):(\d+)")
+
+
+def tls_verify_reason(error_text: str, conf: Mapping[str, str], timeout_s: float = 5.0) -> str:
+    """librdkafka words every failed check of the broker's certificate alike ("certificate
+    verify failed: broker certificate could not be verified"): an unknown CA and a host
+    name mismatch read the same. For such an error, redo the handshake with Python's ssl
+    (same CA, same host name rule) and return OpenSSL's own reason, e.g. ``"; the
+    certificate of 127.0.0.1:9093 failed kwatermark's check: Hostname mismatch, certificate
+    is not valid for '127.0.0.1'."``; "" when it cannot tell."""
+    import socket
+    import ssl
+
+    found = _TLS_ADDRESS.search(error_text or "")
+    if "certificate verify failed" not in (error_text or "") or found is None:
+        return ""
+    host, port = found.group(1).strip("[]"), int(found.group(2))
+    try:
+        context = ssl.create_default_context(cafile=conf.get("ssl.ca.location"),
+                                             cadata=conf.get("ssl.ca.pem"))
+        context.check_hostname = conf.get("ssl.endpoint.identification.algorithm",
+                                          "https") == "https"
+        with socket.create_connection((host, port), timeout=timeout_s) as raw, \
+                context.wrap_socket(raw, server_hostname=host):
+            return ""
+    except ssl.SSLCertVerificationError as exc:
+        return (f"; the certificate of {host}:{port} failed kwatermark's check: "
+                f"{exc.verify_message}")
+    except (OSError, ValueError):  # not reachable now, or a CA file Python cannot read
+        return ""

@@ -42,6 +42,7 @@ from tests.support.certs import (
 from tests.support.kafka import Record, TestBroker, TopicWriter
 from tests.support.kafka import test_broker_kind as broker_kind
 from tests.support.secrets import gather, leaks
+from tests.support.sparkkafka import run_baseline
 from tests.support.streams import kwatermark_batch, kwatermark_stream, run_available_now
 
 PLAIN_PASSWORD = "Plain-Pa55-alice-4417"
@@ -240,6 +241,8 @@ def test_an_untrusted_broker_certificate_fails_in_bounded_time_naming_the_reason
     assert f"kafka.bootstrap.servers='{broker.bootstrap_servers}'" in message
     assert f"ssl://{broker.bootstrap_servers}" in message
     assert "SSL handshake failed" in message and "certificate verify failed" in message
+    assert (f"the certificate of {broker.bootstrap_servers} failed kwatermark's check: "
+            f"self-signed certificate in certificate chain") in message
     assert re.search(BOUNDED, message), message
 
 
@@ -252,6 +255,8 @@ def test_a_hostname_mismatch_fails_and_an_empty_endpoint_algorithm_accepts_it(
     message = failure_of(spark, broker, secured.topic, trust)
     assert f"kafka.bootstrap.servers='{broker.bootstrap_servers}'" in message
     assert "SSL handshake failed" in message and "certificate verify failed" in message
+    assert (f"the certificate of {broker.bootstrap_servers} failed kwatermark's check: "
+            f"IP address mismatch, certificate is not valid for '127.0.0.1'") in message
     assert re.search(BOUNDED, message), message
     # Same CA, same listener: only the host name was wrong. Spark's "" turns the check off.
     unchecked = {**trust, "kafka.ssl.endpoint.identification.algorithm": ""}
@@ -272,3 +277,31 @@ def test_a_user_without_read_on_the_topic_fails_naming_the_topic_and_the_princip
     assert secured.topic in message and "not authorized" in message.lower()
     assert f"SASL user '{user}'" in message
     assert f"kafka.bootstrap.servers='{broker.bootstrap_servers}'" in message
+
+
+# -- the drop-in proof ------------------------------------------------------------------------
+
+def test_spark_kafka_source_reads_the_same_rows_with_the_same_options(secured, reference):
+    """Spark's own format("kafka") (pyspark 4.2.0 with spark-sql-kafka, the newest Maven
+    Central serves) and kwatermark, given the same Spark-style options, read what PLAINTEXT
+    reads: SASL_SSL PLAIN with a JKS truststore, SCRAM-SHA-512 with a PKCS12 one, and mTLS
+    with a JKS keystore whose key has its own password."""
+    mtls = {"kafka.security.protocol": "SSL",
+            "kafka.ssl.truststore.location": secured.path("trust.jks"),
+            "kafka.ssl.truststore.password": STORE_PASSWORD,
+            "kafka.ssl.keystore.location": secured.path("reader.jks"),
+            "kafka.ssl.keystore.password": STORE_PASSWORD,
+            "kafka.ssl.key.password": KEY_PASSWORD}
+    cases = [
+        {"name": "SASL_SSL PLAIN", "bootstrap": secured.kafka.address("SASL"),
+         "options": in_tmp(secured, sasl_options("PLAIN", "alice", PLAIN_PASSWORD))},
+        {"name": "SASL_SSL SCRAM-SHA-512", "bootstrap": secured.kafka.address("SASL"),
+         "options": in_tmp(secured, sasl_options("SCRAM-SHA-512", "alice", SCRAM_PASSWORD,
+                                                 "trust.p12", "PKCS12"))},
+        {"name": "mTLS", "bootstrap": secured.kafka.address("MTLS"), "options": mtls},
+    ]
+    answer = run_baseline(Path(__file__).with_name("security_dropin_child.py"),
+                          {"topic": secured.topic, "cases": cases})
+    expected = [[t, p, o, k.hex(), v.hex(), ts.isoformat()] for t, p, o, k, v, ts in reference]
+    for case in cases:
+        assert answer[case["name"]] == {"kafka": expected, "kwatermark": expected}, case["name"]

@@ -394,3 +394,13 @@ def test_an_authorization_error_gets_the_principal_and_brokers_appended():
     assert hint == ("; not authorized for the SASL user 'carol' (SCRAM-SHA-512) on "
                     "kafka.bootstrap.servers='b:9093': grant it READ on the topic")
     assert refusal_hint(KafkaError(KafkaError._TRANSPORT), options) == ""
+
+
+@pytest.mark.parametrize("text", [
+    None, "", "Connect to ipv4#127.0.0.1:1 failed: Connection refused",
+    "SASL authentication error: Authentication failed: Invalid username or password",
+])
+def test_only_a_certificate_verify_failure_is_checked_again(text):
+    from kwatermark.security import tls_verify_reason
+
+    assert tls_verify_reason(text, {}) == ""
