@@ -61,6 +61,7 @@ class Secured:
     tmp: Path
     topic: str
     plaintext: TestBroker
+    client_key_line: str  # a line of the client's private key PEM: must never be written
 
     def broker(self, listener: str) -> TestBroker:
         return TestBroker(self.kafka.address(listener), "kafka")
@@ -135,7 +136,7 @@ def secured(tmp_path_factory) -> Secured:
     writer = TopicWriter(plaintext, plaintext.create_topic(3))
     writer.send([Record(i % 3, 1_000 * i, f"v{i}".encode(), f"k{i}".encode())
                  for i in range(30)])
-    yield Secured(kafka, tmp, writer.topic, plaintext)
+    yield Secured(kafka, tmp, writer.topic, plaintext, reader.key_pem().splitlines()[1])
     kafka.stop()
 
 
@@ -174,7 +175,7 @@ def test_sasl_ssl_batch_with_jaas_and_a_java_truststore_reads_what_plaintext_rea
 @pytest.mark.parametrize("keystore, store_type", [("reader.jks", "JKS"),
                                                   ("reader.p12", "PKCS12")])
 def test_mtls_batch_with_a_java_keystore_reads_what_plaintext_reads(
-        spark, secured, reference, keystore, store_type):
+        spark, secured, reference, keystore, store_type, capfd, request):
     options = {"kafka.security.protocol": "SSL",
                "kafka.ssl.truststore.location": secured.path("trust.jks"),
                "kafka.ssl.truststore.password": STORE_PASSWORD,
@@ -183,8 +184,12 @@ def test_mtls_batch_with_a_java_keystore_reads_what_plaintext_reads(
                "kafka.ssl.keystore.password": STORE_PASSWORD}
     if store_type == "JKS":
         options["kafka.ssl.key.password"] = KEY_PASSWORD
-    assert rows(kwatermark_batch(spark, secured.broker("MTLS"), secured.topic,
-                                 **options)) == reference
+    frame = kwatermark_batch(spark, secured.broker("MTLS"), secured.topic, **options)
+    assert rows(frame) == reference
+    frame.explain(extended=True)
+    places = gather([], {}, capfd, request)
+    for secret in (*SECRETS, secured.client_key_line):
+        assert leaks(secret, places) == [], secret
 
 
 def test_scram_stream_reads_what_plaintext_reads_and_no_secret_is_written_anywhere(
@@ -305,3 +310,15 @@ def test_spark_kafka_source_reads_the_same_rows_with_the_same_options(secured, r
     expected = [[t, p, o, k.hex(), v.hex(), ts.isoformat()] for t, p, o, k, v, ts in reference]
     for case in cases:
         assert answer[case["name"]] == {"kafka": expected, "kwatermark": expected}, case["name"]
+
+
+def test_a_stream_without_access_to_its_topic_fails_instead_of_waiting_for_it(
+        spark, secured, tmp_path):
+    """A topic bob may not describe looks missing; a stream waits for a missing topic, but
+    must not wait for one it is refused."""
+    frame = kwatermark_stream(spark, secured.broker("SASL"), secured.topic, **FAIL_FAST,
+                              **in_tmp(secured, sasl_options("PLAIN", "bob", "bob-pw")))
+    with pytest.raises(Exception) as failure:
+        run_available_now(frame, str(tmp_path / "ckpt"))
+    message = str(failure.value)
+    assert f"topic {secured.topic}: not authorized for the SASL user 'bob' (PLAIN)" in message
