@@ -404,8 +404,8 @@ def read_truststore(store: _Store, password: str | None) -> str:
             certs = [c.certificate for c in loaded.additional_certs]
             if loaded.cert is not None:
                 certs.append(loaded.cert.certificate)
-    except Exception:  # noqa: BLE001 - the library's text could quote the file, not a secret,
-        # but its exception types differ by format; one message names option and password
+    except Exception:  # noqa: BLE001 - pyjks and cryptography raise many types; one
+        # message names the option and the password to check, and never the library's text
         raise failure from None
     if not certs:
         raise OptionError(f"option {store.option}: no certificate in {store.location!r}")
