@@ -321,3 +321,13 @@ def test_a_stream_without_access_to_its_topic_fails_instead_of_waiting_for_it(
         run_available_now(frame, str(tmp_path / "ckpt"))
     message = str(failure.value)
     assert f"topic {secured.topic}: not authorized for the SASL user 'bob' (PLAIN)" in message
+
+
+def test_a_consumer_group_needs_no_acl(spark, secured, reference):
+    """No ACL names a group on this broker: kwatermark's consumers are assigned their
+    partitions and commit nothing, so kafka.group.id is never checked (as with Spark's
+    source), and a user with READ on the topic reads."""
+    options = in_tmp(secured, sasl_options("SCRAM-SHA-512", "alice", SCRAM_PASSWORD))
+    assert rows(kwatermark_batch(spark, secured.broker("SASL"), secured.topic,
+                                 **options, **{"kafka.group.id": "no-acl-names-me"})
+                ) == reference
