@@ -215,6 +215,17 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         end = self.planner.latest_offset(BatchOffset.from_json(start), limits)
         return start if end is None else end.to_json()
 
+    def reportLatestOffset(self) -> dict | None:
+        """Each partition's end offset at the last trigger, in the shape of Spark's Kafka
+        source (``{"topic": {"0": 42}}``): ``latestOffset`` in the query progress. Spark calls
+        it right after ``latestOffset`` (pyspark >= 4.2; older ones never call it)."""
+        if not self.planner.latest_seen:
+            return None
+        latest: dict[str, dict[str, int]] = {}
+        for (topic, partition), end in sorted(self.planner.latest_seen.items()):
+            latest.setdefault(topic, {})[str(partition)] = end
+        return latest
+
     def partitions(self, start: dict, end: dict) -> list[RangePartition | HeartbeatPartition]:
         offset = BatchOffset.from_json(end)
         if offset.heartbeat:
