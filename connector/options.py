@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from difflib import get_close_matches
 
+from kwatermark import security
 from kwatermark.errors import OptionError
 
 # Spark's own Kafka options (case-insensitive) plus kwatermark's. kafka.* is passed through.
@@ -62,14 +63,11 @@ REJECTED_KAFKA_KEYS = {
                           "Spark's checkpoint",
     "interceptor.classes": "Java consumer interceptors do not exist in librdkafka",
     "enable.partition.eof": "the reader needs end-of-partition events to stop at gaps",
-    "sasl.jaas.config": "librdkafka has no JAAS: use kafka.sasl.mechanism, "
-                        "kafka.sasl.username and kafka.sasl.password",
-    "ssl.truststore.location": "librdkafka reads PEM files: use kafka.ssl.ca.location",
-    "ssl.keystore.location": "librdkafka reads PEM files: use kafka.ssl.certificate.location "
-                             "and kafka.ssl.key.location",
 }
 
-SECRET_MARKERS = ("password", "secret", "jaas", "user.info", "token", "credentials")
+# Spark's security options (JAAS, keystores) are translated by kwatermark.security.
+SECRET_MARKERS = ("password", "secret", "jaas", "user.info", "token", "credentials",
+                  "ssl.key.pem", "ssl.keystore.key", "oauthbearer.config")
 
 STRATEGIES = ("monotonous", "bounded", "punctuated", "timelag", "none")
 COMBINES = ("min", "percentile")
@@ -304,9 +302,10 @@ class SourceOptions:
     max_records_per_batch: int = 10_000
 
     def consumer_conf(self) -> dict[str, str]:
-        """librdkafka configuration for every consumer and admin client the source creates."""
+        """librdkafka configuration for every consumer and admin client the source creates.
+        Keystores are read here, in the process that creates the client (kwatermark.security)."""
         conf = {"bootstrap.servers": self.bootstrap_servers}
-        conf.update(dict(self.kafka_conf))
+        conf.update(security.librdkafka_conf(dict(self.kafka_conf)))
         return conf
 
 
@@ -447,6 +446,7 @@ def _kafka_conf(opts: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
         if reason:
             raise OptionError(f"option kafka.{name} is not supported: {reason}")
         conf.append((name, value))
+    security.check(dict(conf))
     return tuple(sorted(conf))
 
 

@@ -367,9 +367,8 @@ def test_equal_min_and_max_offsets_are_fine():
 
 @pytest.mark.parametrize("key", [
     "kafka.auto.offset.reset", "kafka.enable.auto.commit", "kafka.key.deserializer",
-    "kafka.value.deserializer", "kafka.sasl.jaas.config", "kafka.interceptor.classes",
-    "kafka.enable.partition.eof", "kafka.ssl.truststore.location",
-    "kafka.ssl.keystore.location", "kafka.AUTO.OFFSET.RESET",
+    "kafka.value.deserializer", "kafka.interceptor.classes",
+    "kafka.enable.partition.eof", "kafka.ssl.engine.factory.class", "kafka.AUTO.OFFSET.RESET",
 ])
 def test_rejected_kafka_keys_name_the_option(key):
     message = option_error({**BASE, key: "x"})
