@@ -312,7 +312,7 @@ class SourceOptions:
 # Keys Spark itself adds beside the user's OPTIONS when a catalog table is created or its
 # schema inferred (V2SessionCatalog.createTable0 -> TableProvider.inferSchema): the table
 # properties, and each option again under TableCatalog.OPTION_PREFIX. Recognised only when
-# "provider" is present, so a user's own .option("owner", ...) still fails as unknown.
+# "provider" names kwatermark, so a user's own .option("owner", ...) still fails as unknown.
 TABLE_PROPERTY_KEYS = ("provider", "owner", "location", "path", "comment", "collation",
                        "external", "is_managed_location")
 TABLE_OPTION_PREFIX = "option."
@@ -324,7 +324,7 @@ def user_options(raw: Mapping[str, str]) -> dict[str, str]:
     also given with the same value; anything else stays, to be validated as an option."""
     opts = {str(k): str(v) for k, v in raw.items()}
     lowered = {k.lower(): v for k, v in opts.items()}
-    if "provider" not in lowered:
+    if lowered.get("provider", "").strip().lower() != "kwatermark":
         return opts
     kept = {}
     for key, value in opts.items():

@@ -124,7 +124,8 @@ class BatchPlanner:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.update(_policy=None, _folded={})
+        # Driver-side observation stays on the driver: tasks never read it.
+        state.update(_policy=None, _folded={}, latest_seen={}, _announced=set())
         return state
 
     @property

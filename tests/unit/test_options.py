@@ -558,8 +558,9 @@ def test_an_unknown_option_beside_the_table_keys_still_fails_naming_it():
     assert "did you mean 'watermark.maxOutOfOrderness'?" in message
 
 
-def test_table_keys_without_a_provider_are_the_users_and_fail():
+def test_table_keys_without_kwatermark_as_provider_are_the_users_and_fail():
     assert "unknown option 'owner'" in option_error({**BASE, "owner": "someone"})
+    assert "unknown option 'provider'" in option_error({**BASE, "provider": "other"})
 
 
 def test_an_option_copy_that_differs_from_its_option_is_not_sparks_and_fails():
