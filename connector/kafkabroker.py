@@ -109,17 +109,25 @@ def cluster_id() -> str:
 
 
 def server_properties(port: int, controller_port: int, data_dir: str,
-                      overrides: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``server.properties`` of a combined broker and controller, tuned for tests."""
+                      overrides: Mapping[str, str] | None = None,
+                      listeners: Mapping[str, tuple[str, int]] | None = None) -> dict[str, str]:
+    """``server.properties`` of a combined broker and controller, tuned for tests.
+    ``listeners``: more listeners beside PLAINTEXT, name -> (security protocol, port)."""
+    extra = listeners or {}
     properties = {
         "node.id": "1",
         "process.roles": "broker,controller",
         "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "listeners": ",".join([f"PLAINTEXT://127.0.0.1:{port}",
+                               f"CONTROLLER://127.0.0.1:{controller_port}"]
+                              + [f"{name}://127.0.0.1:{p}" for name, (_, p) in extra.items()]),
+        "advertised.listeners": ",".join([f"PLAINTEXT://127.0.0.1:{port}"] + [
+            f"{name}://127.0.0.1:{p}" for name, (_, p) in extra.items()]),
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map": ",".join(
+            ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
+            + [f"{name}:{protocol}" for name, (protocol, _) in extra.items()]),
         "log.dirs": os.path.join(data_dir, "logs"),
         "num.partitions": "1",
         "offsets.topic.replication.factor": "1",
@@ -192,6 +200,7 @@ class ApacheKafka:
     port: int
     data_dir: str
     properties: dict[str, str] = field(default_factory=dict)
+    listener_ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -201,19 +210,31 @@ class ApacheKafka:
     def log_file(self) -> str:
         return os.path.join(self.data_dir, "server.log")
 
+    def address(self, listener: str) -> str:
+        """``127.0.0.1:PORT`` of a listener given to :meth:`start` (``PLAINTEXT`` too)."""
+        if listener == "PLAINTEXT":
+            return self.bootstrap_servers
+        return f"127.0.0.1:{self.listener_ports[listener]}"
+
     @classmethod
     def start(cls, port: int | None = None, timeout_s: float = 60.0, *,
               properties: Mapping[str, str] | None = None,
-              scram_users: Iterable[tuple[str, str, str]] = ()) -> ApacheKafka:
+              scram_users: Iterable[tuple[str, str, str]] = (),
+              listeners: Mapping[str, str] | None = None) -> ApacheKafka:
         """Start a broker on ``port`` (a free one if None) and return once a client can
         create a topic on it. ``scram_users``: (mechanism, user, password) triples, e.g.
-        ``("SCRAM-SHA-512", "alice", "alice-secret")``."""
+        ``("SCRAM-SHA-512", "alice", "alice-secret")``. ``listeners``: more listeners, each
+        on a free port, name -> security protocol, e.g. ``{"SECURE": "SASL_SSL"}`` (configure
+        them through ``properties``, e.g. ``listener.name.secure.*``; see :meth:`address`).
+        Readiness is checked over PLAINTEXT, which stays the inter-broker listener."""
         classpath = runtime_classpath()
         java = require_tool("java", "a Java 17 JDK (apt-get install openjdk-17-jdk-headless)")
         port = port or free_port()
         data_dir = tempfile.mkdtemp(prefix="kwatermark-kafka-")
         try:
-            config = server_properties(port, free_port(), data_dir, properties)
+            ports = {name: (protocol, free_port())
+                     for name, protocol in (listeners or {}).items()}
+            config = server_properties(port, free_port(), data_dir, properties, ports)
             config_file = os.path.join(data_dir, "server.properties")
             Path(config_file).write_text("".join(f"{k}={v}\n" for k, v in config.items()))
             log4j = os.path.join(data_dir, "log4j2.properties")
@@ -236,7 +257,8 @@ class ApacheKafka:
         except BaseException:
             shutil.rmtree(data_dir, ignore_errors=True)
             raise
-        broker = cls(process, port, data_dir, config)
+        broker = cls(process, port, data_dir, config,
+                     {name: p for name, (_, p) in ports.items()})
         # A session that exits without stop() still stops the broker and removes its data;
         # die_with_parent covers the exits that skip atexit (a kill).
         atexit.register(broker.stop)

@@ -22,6 +22,7 @@ from kwatermark.options import SourceOptions
 from kwatermark.range_end import Stall, advance, done, short
 from kwatermark.reader import Computed, Decoders, RangeReader, assemble, header_pairs
 from kwatermark.records import RecordBlock
+from kwatermark.security import refusal_hint
 
 
 class _Pending:
@@ -222,7 +223,8 @@ class PackReader:
             first = lane[0]
             task = first.reader.task
             raise BrokerError(f"topic {task.topic}, partition {task.partition}, offset "
-                              f"{first.position}: {error.str()}")
+                              f"{first.position}: {error.str()}"
+                              f"{refusal_hint(error, first.reader.options)}")
         covered = 0
         for pending in lane:
             if pending.done:

@@ -29,6 +29,7 @@ from kwatermark.offsets import RangeTask
 from kwatermark.options import SourceOptions
 from kwatermark.range_end import Stall, advance, done, short
 from kwatermark.records import RecordBlock
+from kwatermark.security import refusal_hint
 from kwatermark.watermarks import (
     UNDEFINED,
     from_optional,
@@ -191,7 +192,7 @@ class RangeReader:
             self._data_loss(f"offset {position} is out of range: {error.str()}")
             return end
         raise BrokerError(f"topic {task.topic}, partition {task.partition}, offset "
-                          f"{position}: {error.str()}")
+                          f"{position}: {error.str()}{refusal_hint(error, self.options)}")
 
     def _process(self, block: RecordBlock) -> pa.RecordBatch:
         return assemble(self.layout, self.schema, self.options.late_records,
