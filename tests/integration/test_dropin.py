@@ -156,6 +156,14 @@ def dropin(broker, tmp_path_factory):
         ("batch_starting_timestamp", "batch",
          {"subscribe": a, "startingTimestamp": str(ts[1] + 10_000),
           "startingOffsetsByTimestampStrategy": "latest"}),
+        ("batch_ending_by_timestamp", "batch",
+         {"subscribe": a, "endingOffsetsByTimestamp": json.dumps(
+             {a: {"0": ts[0] + 10_000, "1": ts[1] + 29_500, "2": ts[2]}})}),
+        ("batch_ending_timestamp", "batch",
+         {"subscribe": a, "endingTimestamp": str(ts[1] + 15_000)}),
+        ("batch_min_partitions", "batch", {"subscribe": a, "minPartitions": "7"}),
+        ("batch_max_records_per_partition", "batch",
+         {"subscribe": a, "maxRecordsPerPartition": "8"}),
         ("stream_starting_timestamp", "stream",
          {"subscribe": a, "startingTimestamp": str(ts[0] + 20_000)}),
         ("stream_max_offsets", "stream",
@@ -251,6 +259,23 @@ def test_starting_offsets_by_timestamp(dropin):
     _check(dropin, "batch_starting_timestamp", [r for r in truth if r[5] >= t * 1000])
     t = ts[0] + 20_000
     _check(dropin, "stream_starting_timestamp", [r for r in truth if r[5] >= t * 1000])
+
+
+def test_ending_offsets_by_timestamp(dropin):
+    ts, truth = dropin["ts"], _no_headers(dropin["truth"]["a"])
+    # The read ends before the first record at or after the time; a partition with none
+    # there reads to its end (partition 1 here: its last record precedes the time).
+    by_partition = {0: ts[0] + 10_000, 1: ts[1] + 29_500, 2: ts[2]}
+    _check(dropin, "batch_ending_by_timestamp",
+           [r for r in truth if r[5] < by_partition[r[3]] * 1000 or r[3] == 1])
+    t = ts[1] + 15_000
+    _check(dropin, "batch_ending_timestamp", [r for r in truth if r[5] < t * 1000 or r[3] == 0])
+
+
+def test_task_splitting_options_do_not_change_rows(dropin):
+    truth = _no_headers(dropin["truth"]["a"])
+    _check(dropin, "batch_min_partitions", truth)
+    _check(dropin, "batch_max_records_per_partition", truth)
 
 
 def test_max_offsets_per_trigger_under_available_now(dropin):

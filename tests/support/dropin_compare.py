@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 
 from tests.support.sparkkafka import baseline_session, child_io
 
+WORKER_DID_NOT_CONNECT = "Python worker failed to connect back"
 KAFKA_COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
 
 
@@ -88,14 +89,24 @@ def main() -> None:
         results[case["name"]] = {}
         for fmt in case.get("formats", ["kafka", "kwatermark"]):
             started = time.perf_counter()
-            try:
-                if case["mode"] == "batch":
-                    got = read_batch(spark, fmt, options)
-                else:
-                    checkpoint = os.path.join(request["checkpoints"], f"{case['name']}-{fmt}")
-                    got = read_stream(spark, fmt, options, checkpoint)
-            except Exception as exc:  # noqa: BLE001 - reported to the test, which fails on it
-                got = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-3000:]}"}
+            for attempt in (1, 2):
+                try:
+                    if case["mode"] == "batch":
+                        got = read_batch(spark, fmt, options)
+                    else:
+                        checkpoint = os.path.join(request["checkpoints"],
+                                                  f"{case['name']}-{fmt}-{attempt}")
+                        got = read_stream(spark, fmt, options, checkpoint)
+                    break
+                except Exception as exc:  # noqa: BLE001 - reported to the test, which fails
+                    got = {"error": f"{type(exc).__name__}: {exc}\n"
+                                    f"{traceback.format_exc()[-3000:]}"}
+                    # Spark gives a starting Python worker a fixed time to connect back to the
+                    # JVM, which a 2-core machine under heavy load can miss: that, and only
+                    # that, is Spark's machinery failing rather than a source: retried once.
+                    if WORKER_DID_NOT_CONNECT not in str(exc):
+                        break
+                    got["retried"] = True
             got["seconds"] = round(time.perf_counter() - started, 1)
             results[case["name"]][fmt] = got
     reply({"spark_version": spark.version, "cases": results})
