@@ -186,7 +186,10 @@ def summarise(runs: list[dict], windows_truth: dict | None) -> dict:
         key = "records_per_s" if kind == "batch" else "warm_records_per_s"
         entry = summary["read"].setdefault(f"{kind} {partitions}p", {})
         entry[fmt] = median([r[key] for r in measured])
-    for label, entry in summary["read"].items():
+    for label, entry in list(summary["read"].items()):
+        if "kafka" not in entry or "kwatermark" not in entry:
+            del summary["read"][label]  # a run that stopped half-way through a round
+            continue
         kind, partitions = label.split()
         # Ratio of the medians, and the median of the per-round ratios (same round, same
         # machine load) — the second is what the anchor quotes.
@@ -289,9 +292,12 @@ def main(argv: list[str] | None = None) -> int:
                 run["check"] = check_windows(run.pop("out"), truth)
                 windows_truth = run["check"]
         results.update({k: reply[k] for k in ("spark_version", "session_s", "load_avg_before",
-                                              "load_avg_after")})
+                                              "load_avg_after", "error")})
+        if reply["error"]:
+            log(f"the measuring stopped early: {reply['error'][:500]}")
         results["runs"] = reply["runs"]
-        results["sizes"]["rounds_done"] = max(run["round"] for run in reply["runs"])
+        results["sizes"]["rounds_done"] = max((run["round"] for run in reply["runs"]),
+                                              default=0)
         results["summary"] = summarise(reply["runs"], windows_truth)
         ratio_4 = results["summary"]["read"].get("batch 4p", {}).get("ratio")
         results["target"] = {"read_ratio_4_partitions": ratio_4,

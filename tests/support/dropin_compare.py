@@ -101,9 +101,10 @@ def main() -> None:
                 except Exception as exc:  # noqa: BLE001 - reported to the test, which fails
                     got = {"error": f"{type(exc).__name__}: {exc}\n"
                                     f"{traceback.format_exc()[-3000:]}"}
-                    # Spark gives a starting Python worker a fixed time to connect back to the
-                    # JVM, which a 2-core machine under heavy load can miss: that, and only
-                    # that, is Spark's machinery failing rather than a source: retried once.
+                    # Spark gives a starting Python worker 10 s (fixed, PythonWorkerFactory)
+                    # to connect back to the JVM, which a 2-core machine under heavy load can
+                    # miss: that, and only that, is Spark's machinery failing rather than a
+                    # source: retried once.
                     if WORKER_DID_NOT_CONNECT not in str(exc):
                         break
                     got["retried"] = True
