@@ -40,6 +40,10 @@ def open_consumer(options: SourceOptions, remaining: int, partitions: int = 1) -
     })
     conf.setdefault("queued.min.messages", max(1, min(remaining, MAX_PREFETCH_MESSAGES)))
     conf.setdefault("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS)
+    # Kafka's Java consumer, so Spark's source, defaults to read_uncommitted, and the driver
+    # plans to that isolation's end offsets; librdkafka's default is read_committed, which
+    # hid aborted records that format("kafka") returns.
+    conf.setdefault("isolation.level", "read_uncommitted")
     if partitions > 1 and "fetch.max.bytes" not in conf:
         conf["fetch.max.bytes"] = pack_fetch_bytes(conf)
     try:

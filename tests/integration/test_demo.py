@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import collections
 import re
+import shutil
 import subprocess
 import sys
 
+import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 WINDOW = re.compile(r"^\s*([+-]\d+) s \.\.\s+([+-]\d+) s\s+(\d+)\s+(\d+)\s+(\d+)$")
@@ -71,3 +73,20 @@ def test_demo_prints_sparks_losses_and_kwatermarks_complete_counts_side_by_side(
             assert float(marks[3]) == min(float(x) for x in marks[:3])
     last = batches[-1].group(5).replace(" s", "").split()
     assert [round(float(x) * 1000) + T0 for x in last] == [final] * 4
+
+
+def test_demo_starts_a_local_apache_kafka_with_broker_kafka(broker):
+    """``--broker kafka`` runs the demo on an Apache Kafka it starts and stops itself (the
+    default stays Tansu). Small, as the full output is checked above; this checks the flag."""
+    if shutil.which("java") is None or shutil.which("mvn") is None:
+        pytest.fail("--broker kafka needs java and mvn, which the test machine has")
+    run = subprocess.run(
+        [sys.executable, "-m", "kwatermark.demo", "--broker", "kafka", "--records", "20",
+         "--lag", "5", "--batch", "30"],
+        check=False, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"^started a local Apache Kafka on 127\.0\.0\.1:\d+$", run.stdout,
+                     re.MULTILINE), run.stdout[:2000]
+    assert re.search(r"^topic \S+: 63 records", run.stdout, re.MULTILINE)  # 3 x 20 + 3
+    counted = re.search(r"kwatermark counted (\d+) of (\d+)", run.stdout)
+    assert counted and counted.group(1) == counted.group(2) and int(counted.group(1)) > 0

@@ -214,6 +214,7 @@ def baseline_session(app: str = "kwatermark-baseline", master: str = "local[2]",
 
     builder = (SparkSession.builder.master(master).appName(app)
                .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.driver.memory", "2g"))
