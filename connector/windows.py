@@ -358,7 +358,7 @@ class WindowProcessor(StatefulProcessor):
                 changed = True
             if not windows.slots:
                 del keys[user_key]
-        if changed or timer is None or timer < watermark:
+        if changed or timer is None or timer <= watermark:
             self._save(keys, timer, watermark, expired=expiredTimerInfo.getExpiryTimeInMs())
         if out:
             yield self._frame(out)
@@ -379,15 +379,21 @@ class WindowProcessor(StatefulProcessor):
     def _save(self, keys: dict, timer: int | None, watermark: int, expired: int | None
               ) -> None:
         """Store the keys and keep one timer per bucket, at the first watermark above the
-        current one at which ``fire`` has something to do for any key: everything at or below
-        the current watermark was fired already, so any earlier timer is superseded (deleted
-        here, or by Spark once it has fired: ``expired``)."""
-        first = min((m for slots in keys.values() for m in KeyWindows(slots).wake_ups(self.spec)
-                     if m > watermark), default=None)
-        # Spark fires an event-time timer once its watermark is above the timer's time.
-        wanted = None if first is None else first - 1
+        current one at which ``fire`` has something to do for any key.
+
+        Spark fires an event-time timer in the first micro-batch whose watermark is at or
+        above the timer's time (measured: a timer at ``t`` fires at watermark ``t``), after
+        the batch's input rows. So the timer goes at that watermark itself, never below it: a
+        timer one below fired with nothing due yet, its successor was the very timer Spark
+        deletes once ``handleExpiredTimer`` returns (``expired``), and the bucket was left
+        with no timer, its windows never emitted. An earlier timer that is still ahead is
+        superseded and deleted; one at or below the current watermark is due in this batch
+        and is left to fire: the input rows fired only their own keys' windows, it fires the
+        other keys' (``handleExpiredTimer`` fires every key of the bucket)."""
+        wanted = min((m for slots in keys.values() for m in KeyWindows(slots).wake_ups(self.spec)
+                      if m > watermark), default=None)
         if timer != wanted:
-            if timer is not None and timer != expired:
+            if timer is not None and timer != expired and timer > watermark:
                 self.handle.deleteTimer(timer)
             if wanted is not None:
                 self.handle.registerTimer(wanted)

@@ -403,3 +403,19 @@ def test_aggregate_refuses_a_plain_union_of_two_streams(spark, broker, topic_fac
     a, b = (stream(spark, broker, topic_factory(1).topic) for _ in range(2))
     with pytest.raises(WindowError, match=r"aggregate\(\[a, b\]"):
         counts(a.unionByName(b))
+
+
+def test_window_whose_end_is_one_ms_above_a_batch_watermark_still_comes_out(
+        spark, broker, topic_factory, tmp_path):
+    # The first batch's last data row leaves Spark's watermark at exactly window_end - 2
+    # (record at window_end - 1, monotonous strategy: watermark = max event time - 1); the
+    # marker's heartbeat then carries the watermark past the window. bench_dropin lost 12,250
+    # of 20,000 windows this way: the bucket's timer fired at that watermark with nothing due,
+    # its successor was the timer that had just fired, and Spark deleted it.
+    writer = topic_factory(1)
+    records = [Record(0, T0 + 5_000, key=b"a"), Record(0, T0 + SIZE - 1, key=b"a"),
+               Record(0, T0 + 3 * SIZE, key=b"end")]
+    writer.send(records)
+    got, _ = run(counts(stream(spark, broker, writer.topic)), str(tmp_path / "kw"))
+    assert got.applied() == complete(tumbling_truth(records), final_watermark(records))
+    assert got.kinds() == {"final": 1}
