@@ -2,10 +2,12 @@
 (DESIGN §10, §16), shared by :mod:`kwatermark.windows`, :mod:`kwatermark.joins` and
 :mod:`kwatermark.dedup`.
 
-Spark's event-time timers fire strictly below Spark's watermark, and its stateful operators
-drop rows at or below the previous one. So each input gets a clock column of ``watermark +
-1 ms`` with a 1 ms delay: Spark's watermark is then exactly the highest row watermark it has
-seen, and no row of ours is ever below it. The clock only feeds Spark's watermark and is
+Spark's stateful operators drop rows at or below the previous watermark. So each input gets
+a clock column of ``watermark + 1 ms`` with a 1 ms delay: Spark's watermark is then exactly
+the highest row watermark it has seen, and no row of ours is ever below it. An event-time
+timer at ``t`` fires in the first micro-batch whose watermark is ``>= t`` (measured; not
+strictly above it): a window that the watermark ``window_end - 1`` completes takes its timer
+at ``window_end - 1``. The clock only feeds Spark's watermark and is
 projected away above it (a projection, unlike a filter, cannot move below the watermark node).
 
 Several inputs: Spark's watermark over a union is what the one ``withWatermark`` above it

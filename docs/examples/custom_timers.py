@@ -26,14 +26,14 @@ class WindowCounts(StatefulProcessor):
                 seen = self.counts.getValue((start,))
                 self.counts.updateValue((start,), ((seen[0] if seen else 0) + 1,))
                 if seen is None:
-                    # Spark fires a timer once its watermark is above it: at end - 2, the
-                    # timer fires when the combined watermark reaches end - 1.
-                    self.handle.registerTimer(start + SIZE - 2)
+                    # Spark fires a timer once its watermark reaches it: at end - 1, the
+                    # timer fires when the combined watermark completes the window.
+                    self.handle.registerTimer(start + SIZE - 1)
         if late:
             yield self._rows(key, list(late), list(late.values()), "late")
 
     def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
-        start = expiredTimerInfo.getExpiryTimeInMs() + 2 - SIZE
+        start = expiredTimerInfo.getExpiryTimeInMs() + 1 - SIZE
         (n,) = self.counts.getValue((start,))
         self.counts.removeKey((start,))
         yield self._rows(key, [start], [n], "final")
