@@ -543,3 +543,247 @@ def partials(spec: WindowSpec, starts: Sequence, late: Sequence[bool],
             per_agg.append(list(value))
     return Partials([None if s is None else int(s) for s in starts], [bool(x) for x in late],
                     [list(acc) for acc in zip(*per_agg)] if per_agg else [[] for _ in starts])
+
+
+# -- a bucket of keys' fixed windows, stored window by window ---------------------------------
+#
+# The shell keeps many keys under one Spark grouping key (a bucket). Storing every key's windows
+# as one value made each micro-batch rewrite the whole bucket: cost quadratic in keys. Here a
+# bucket's state is a small index plus chunks, each chunk one window's partials for some keys,
+# so a micro-batch writes what it touched and reads only the windows it must emit or update.
+# A window's slot for a key is the merge of its entries over the window's chunks: the chunk
+# written when the window last fired (every key in it emitted, nothing pending) and the chunks
+# of partials added since (pending, not emitted unless the fired chunk has the key).
+
+
+@dataclass
+class WindowEntry:
+    """Where one window's slots are: ``fired``, the chunk of every key's accumulator as of
+    the window's last firing; ``deltas``, the chunks of partials added since."""
+
+    fired: int | None = None
+    deltas: list[int] = field(default_factory=list)
+
+    def __reduce__(self):
+        return (WindowEntry, (self.fired, self.deltas))
+
+
+@dataclass
+class WindowIndex:
+    """A bucket's windows (``(start, end)`` -> entry), the next chunk id and the bucket's
+    event-time timer (None: none registered)."""
+
+    windows: dict[tuple[int, int], WindowEntry] = field(default_factory=dict)
+    next_chunk: int = 0
+    timer: int | None = None
+
+    def __reduce__(self):
+        return (WindowIndex, (self.windows, self.next_chunk, self.timer))
+
+    def wake_up(self, spec: WindowSpec, watermark: int) -> int | None:
+        """The first watermark above ``watermark`` at which :meth:`BucketWindows.fire` has
+        something to do: a window with pending partials completes, or a window's lateness
+        ends."""
+        marks = [end - 1 + spec.lateness_ms for _, end in self.windows]
+        marks += [end - 1 for (_, end), entry in self.windows.items() if entry.deltas]
+        return min((m for m in marks if m > watermark), default=None)
+
+
+class ChunkStore:
+    """Where :class:`BucketWindows` keeps chunks (a chunk: parallel lists of keys and
+    accumulators). A dict here; the shell passes one backed by Spark's state store."""
+
+    def __init__(self):
+        self.chunks: dict[int, tuple[list, list]] = {}
+
+    def get(self, chunk: int) -> tuple[list, list]:
+        return self.chunks[chunk]
+
+    def put(self, chunk: int, keys: list, accs: list) -> None:
+        self.chunks[chunk] = (keys, accs)
+
+    def remove(self, chunk: int) -> None:
+        del self.chunks[chunk]
+
+
+class BucketWindows:
+    """Fixed windows of a bucket of keys over a :class:`WindowIndex` and a chunk store: for
+    every key, the same emissions as that key's :class:`KeyWindows` (per key and window in
+    the same order), at a cost set by what a micro-batch touches:
+
+    * partials for a window the watermark has not completed are appended as one chunk,
+      nothing read;
+    * a window the watermark completed (with pending partials, or touched by allowed-late
+      ones) is read, emitted and, while its lateness lasts, written back as one chunk;
+    * a window past its lateness with nothing pending is dropped without being read.
+    """
+
+    def __init__(self, index: WindowIndex, store: ChunkStore):
+        self.index = index
+        self.store = store
+
+    def apply_partials(self, spec: WindowSpec, keys: Sequence[tuple], partials: Partials,
+                       watermark: int) -> list[tuple[tuple, Emission]]:
+        """:meth:`KeyWindows.apply_partials` for every key at once: ``keys[i]`` is the key of
+        partial ``i``. Returns (key, emission) pairs."""
+        out = self.fire(spec, watermark)
+        length = spec.assigner.length_ms
+        fresh: dict[tuple[int, int], tuple[list, list]] = {}
+        late: dict[tuple, list] = {}
+        for key, start, is_late, acc in zip(keys, partials.starts, partials.late,
+                                            partials.accs):
+            if is_late:
+                window = (None, None) if start is None else (start, start + length)
+                at = (key, window)
+                late[at] = spec.merge(late[at], acc) if at in late else acc
+            else:
+                chunk = fresh.get((start, start + length))
+                if chunk is None:
+                    fresh[(start, start + length)] = ([key], [acc])
+                else:
+                    chunk[0].append(key)
+                    chunk[1].append(acc)
+        for window in sorted(fresh):
+            added_keys, added = fresh[window]
+            if window[1] - 1 > watermark:
+                entry = self.index.windows.setdefault(window, WindowEntry())
+                entry.deltas.append(self._put(added_keys, added))
+            else:
+                out += self._fold(spec, window, watermark, added_keys, added)
+        order = sorted(late, key=lambda at: (at[1][0] is not None, at[1][0] or 0))
+        return out + [(key, Emission(LATE, *window, spec.results(late[(key, window)])))
+                      for key, window in order]
+
+    def fire(self, spec: WindowSpec, watermark: int) -> list[tuple[tuple, Emission]]:
+        """:meth:`KeyWindows.fire` for every key: emit the windows the watermark completed
+        that have pending partials; drop the ones past their lateness."""
+        out = []
+        for window in sorted(self.index.windows):
+            entry = self.index.windows[window]
+            if window[1] - 1 > watermark:
+                continue
+            if entry.deltas:
+                out += self._fold(spec, window, watermark, [], [])
+            elif window[1] - 1 + spec.lateness_ms <= watermark:
+                self._drop(window)
+        return out
+
+    def _fold(self, spec: WindowSpec, window: tuple[int, int], watermark: int,
+              added_keys: list, added: list) -> list[tuple[tuple, Emission]]:
+        """A completed window read, fired, given ``added`` (KeyWindows' fire, add, fire) and
+        written back as one chunk or dropped."""
+        entry = self.index.windows.get(window)
+        slots: dict[tuple, Slot] = {}
+        if entry is not None:
+            if entry.fired is not None:
+                for key, acc in zip(*self.store.get(entry.fired)):
+                    slots[key] = Slot(acc, emitted=True, pending=False)
+            for chunk in entry.deltas:
+                for key, acc in zip(*self.store.get(chunk)):
+                    _add_slot(spec, slots, key, acc)
+        out = _fire_slots(spec, window, slots, watermark)
+        if window[1] - 1 + spec.lateness_ms <= watermark:
+            slots = {}
+        for key, acc in zip(added_keys, added):
+            _add_slot(spec, slots, key, acc)
+        out += _fire_slots(spec, window, slots, watermark)
+        if window[1] - 1 + spec.lateness_ms <= watermark:
+            slots = {}
+        if entry is not None:
+            self._drop(window)
+        if slots:
+            # Every slot is emitted and nothing is pending after a fire at a watermark past
+            # the window's end.
+            self.index.windows[window] = WindowEntry(self._put(list(slots),
+                                                               [s.acc for s in slots.values()]))
+        return out
+
+    def _put(self, keys: list, accs: list) -> int:
+        chunk = self.index.next_chunk
+        self.index.next_chunk += 1
+        self.store.put(chunk, keys, accs)
+        return chunk
+
+    def _drop(self, window: tuple[int, int]) -> None:
+        entry = self.index.windows.pop(window)
+        for chunk in ([] if entry.fired is None else [entry.fired]) + entry.deltas:
+            self.store.remove(chunk)
+
+
+def _add_slot(spec: WindowSpec, slots: dict, key: tuple, acc: list) -> None:
+    slot = slots.get(key)
+    if slot is None:
+        slots[key] = Slot(list(acc))
+    else:
+        slot.acc = spec.merge(slot.acc, acc)
+        slot.pending = True
+
+
+def _fire_slots(spec: WindowSpec, window: tuple[int, int], slots: dict, watermark: int
+                ) -> list[tuple[tuple, Emission]]:
+    if window[1] - 1 > watermark:
+        return []
+    out = []
+    for key, slot in slots.items():
+        if slot.pending:
+            out.append((key, Emission(UPDATE if slot.emitted else FINAL, *window,
+                                      spec.results(slot.acc))))
+            slot.emitted, slot.pending = True, False
+    return out
+
+
+def index_of_key_windows(spec: WindowSpec, keys: dict[tuple, dict], store: ChunkStore,
+                         timer: int | None) -> WindowIndex:
+    """A bucket stored the first way (every key's :class:`KeyWindows` slots in one value)
+    moved into ``store``: how a checkpoint written before the window-by-window layout goes
+    on."""
+    index = WindowIndex(timer=timer)
+    by_window: dict[tuple[int, int], tuple[dict, dict]] = {}
+    for key, slots in keys.items():
+        for window, slot in slots.items():
+            fired, pending = by_window.setdefault(window, ({}, {}))
+            if slot.emitted:
+                fired[key] = slot.acc
+                if slot.pending:   # emitted, then changed: the change as a zero partial
+                    pending[key] = spec.zero()
+            else:
+                pending[key] = slot.acc
+    bucket = BucketWindows(index, store)
+    for window in sorted(by_window):
+        fired, pending = by_window[window]
+        entry = index.windows[window] = WindowEntry()
+        if fired:
+            entry.fired = bucket._put(list(fired), list(fired.values()))
+        if pending:
+            entry.deltas.append(bucket._put(list(pending), list(pending.values())))
+    return index
+
+
+def row_partials(spec: WindowSpec, rows: Rows) -> Partials:
+    """One key's records as partials, per window and lateness (fixed windows): what
+    :func:`combine` gives for columns Arrow cannot group (lists, maps, structs)."""
+    starts, late, accs = [], [], []
+    known = rows.times != NO_WATERMARK if len(rows) else np.zeros(0, dtype=bool)
+    if (~known).any():
+        starts.append(None)
+        late.append(True)
+        accs.append(spec.partial(rows.columns, rows.times, np.flatnonzero(~known)))
+    placed = np.flatnonzero(known)
+    index, window_starts = spec.assigner.assign(rows.times[placed])
+    index = placed[index]
+    is_late = window_starts + spec.assigner.length_ms - 1 + spec.lateness_ms <= \
+        rows.watermarks[index]
+    for flag in (False, True):
+        chosen = is_late == flag
+        if not chosen.any():
+            continue
+        windows, inverse = np.unique(window_starts[chosen], return_inverse=True)
+        picked = index[chosen]
+        order = np.argsort(inverse, kind="stable")
+        bounds = np.searchsorted(inverse[order], np.arange(len(windows) + 1))
+        for w, start in enumerate(windows.tolist()):
+            starts.append(int(start))
+            late.append(flag)
+            accs.append(spec.partial(rows.columns, rows.times,
+                                     picked[order[bounds[w]:bounds[w + 1]]]))
+    return Partials(starts, late, accs)
