@@ -787,3 +787,124 @@ def row_partials(spec: WindowSpec, rows: Rows) -> Partials:
             accs.append(spec.partial(rows.columns, rows.times,
                                      picked[order[bounds[w]:bounds[w + 1]]]))
     return Partials(starts, late, accs)
+
+
+# -- a bucket of keys' sessions, stored key by key --------------------------------------------
+#
+# A session's window depends on its key's other sessions, so sessions are stored per key (a
+# key's KeyWindows slots in a map state keyed by the key). What the timer needs is which keys
+# have something due: the keys a micro-batch left with sessions go into "wake" chunks, grouped
+# by when they next need firing (one chunk per gap-wide span of wake-up times), and the index
+# keeps each chunk's earliest wake-up. A key names the chunk that last listed it (its home), so
+# an older listing of it is skipped when its chunk is read.
+
+
+@dataclass
+class SessionIndex:
+    """A bucket's wake chunks (chunk id -> earliest wake-up of its keys), the next chunk id
+    and the bucket's event-time timer (None: none registered)."""
+
+    wakes: dict[int, int] = field(default_factory=dict)
+    next_chunk: int = 0
+    timer: int | None = None
+
+    def __reduce__(self):
+        return (SessionIndex, (self.wakes, self.next_chunk, self.timer))
+
+    def wake_up(self, watermark: int) -> int | None:
+        return min((m for m in self.wakes.values() if m > watermark), default=None)
+
+
+class KeyStore:
+    """Where :class:`BucketSessions` keeps each key's slots and home chunk, and the wake
+    chunks' key lists. Dicts here; the shell passes map states."""
+
+    def __init__(self):
+        self.keys: dict[tuple, tuple[dict, int]] = {}
+        self.wakes: dict[int, list] = {}
+
+    def get(self, key: tuple) -> tuple[dict, int] | None:
+        return self.keys.get(key)
+
+    def put(self, key: tuple, slots: dict, home: int) -> None:
+        self.keys[key] = (slots, home)
+
+    def remove(self, key: tuple) -> None:
+        del self.keys[key]
+
+    def get_wake(self, chunk: int) -> list:
+        return self.wakes.pop(chunk)
+
+    def put_wake(self, chunk: int, keys: list) -> None:
+        self.wakes[chunk] = keys
+
+
+class BucketSessions:
+    """Session windows of a bucket of keys: each key's :class:`KeyWindows`, read and written
+    only when the key has records in the micro-batch or something due at the watermark."""
+
+    def __init__(self, index: SessionIndex, store: KeyStore):
+        self.index = index
+        self.store = store
+
+    def apply(self, spec: WindowSpec, groups: Sequence[tuple[tuple, Rows]], watermark: int
+              ) -> list[tuple[tuple, Emission]]:
+        """:meth:`KeyWindows.apply` for each (key, rows) of the micro-batch, after firing what
+        is due (the shell moves the bucket's timer past the watermark)."""
+        out, kept = self.fire(spec, watermark), []
+        for key, rows in groups:
+            stored = self.store.get(key)
+            windows = KeyWindows({} if stored is None else stored[0])
+            out += [(key, e) for e in windows.apply(spec, rows, watermark)]
+            kept.append((key, windows, stored is not None))
+        self._home(spec, kept, watermark)
+        return out
+
+    def fire(self, spec: WindowSpec, watermark: int) -> list[tuple[tuple, Emission]]:
+        """:meth:`KeyWindows.fire` for every key listed in a wake chunk that is due."""
+        out, kept = [], []
+        for chunk in sorted(c for c, m in self.index.wakes.items() if m <= watermark):
+            del self.index.wakes[chunk]
+            for key in self.store.get_wake(chunk):
+                stored = self.store.get(key)
+                if stored is None or stored[1] != chunk:
+                    continue            # listed again since, or gone
+                windows = KeyWindows(stored[0])
+                out += [(key, e) for e in windows.fire(spec, watermark)]
+                kept.append((key, windows, True))
+        self._home(spec, kept, watermark)
+        return out
+
+    def _home(self, spec: WindowSpec, kept: list[tuple[tuple, KeyWindows, bool]],
+              watermark: int) -> None:
+        """Store the keys' windows (``kept``: key, windows, whether stored before) and list
+        each key that has any in the wake chunk of its next wake-up's span."""
+        span = spec.assigner.gap_ms
+        chunks: dict[int, tuple[int, list]] = {}
+        for key, windows, stored in kept:
+            if not windows.slots:
+                if stored:
+                    self.store.remove(key)
+                continue
+            wake = min(m for m in windows.wake_ups(spec) if m > watermark)
+            slot = chunks.get(wake // span)
+            if slot is None:
+                slot = chunks[wake // span] = (self.index.next_chunk, [])
+                self.index.next_chunk += 1
+                self.index.wakes[slot[0]] = wake
+            else:
+                self.index.wakes[slot[0]] = min(self.index.wakes[slot[0]], wake)
+            slot[1].append(key)
+            self.store.put(key, windows.slots, slot[0])
+        for chunk, keys in chunks.values():
+            self.store.put_wake(chunk, keys)
+
+
+def index_of_key_sessions(spec: WindowSpec, keys: dict[tuple, dict], store: KeyStore,
+                          timer: int | None) -> SessionIndex:
+    """A bucket of sessions stored the first way (every key's slots in one value) moved into
+    ``store``."""
+    index = SessionIndex(timer=timer)
+    BucketSessions(index, store)._home(
+        spec, [(key, KeyWindows(slots), False) for key, slots in keys.items()], NO_WATERMARK)
+    return index

@@ -63,13 +63,15 @@ from kwatermark.windowing import (
     START,
     Agg,
     Assigner,
+    BucketSessions,
     BucketWindows,
     ChunkStore,
     Emission,
-    KeyWindows,
+    KeyStore,
     Partials,
     Rows,
     Session,
+    SessionIndex,
     Sliding,
     Tumbling,
     WindowError,
@@ -77,6 +79,7 @@ from kwatermark.windowing import (
     WindowSpec,
     accumulator_columns,
     combine,
+    index_of_key_sessions,
     index_of_key_windows,
     partials,
     row_partials,
@@ -325,8 +328,7 @@ class WindowProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self._profile = _start_profile()
-        self.index = handle.getValueState("window_index", StructType([
-            StructField("layout", IntegerType(), True), StructField("index", BinaryType(), True)]))
+        self.index = handle.getValueState("window_index", _INDEX_SCHEMA)
         self.store = _MapChunks(handle.getMapState(
             "window_chunks", StructType([StructField("chunk", LongType(), True)]),
             StructType([StructField("data", BinaryType(), True)])))
@@ -342,7 +344,7 @@ class WindowProcessor(StatefulProcessor):
         keys, partials = self._partials(batch)
         bucket = BucketWindows(self._load(), self.store)
         out = bucket.apply_partials(self.spec, keys, partials, watermark)
-        self._save(bucket.index, watermark, expired=None)
+        _save(self, bucket.index, bucket.index.wake_up(self.spec, watermark), expired=None)
         if out:
             yield _frame(self.by, self.spec, out)
 
@@ -351,7 +353,8 @@ class WindowProcessor(StatefulProcessor):
         watermark = timerValues.getCurrentWatermarkInMs()
         bucket = BucketWindows(self._load(), self.store)
         out = bucket.fire(self.spec, watermark)
-        self._save(bucket.index, watermark, expired=expiredTimerInfo.getExpiryTimeInMs())
+        _save(self, bucket.index, bucket.index.wake_up(self.spec, watermark),
+              expired=expiredTimerInfo.getExpiryTimeInMs())
         if out:
             yield _frame(self.by, self.spec, out)
 
@@ -374,15 +377,9 @@ class WindowProcessor(StatefulProcessor):
         return keys, Partials(starts, late, accs)
 
     def _load(self) -> WindowIndex:
-        stored = self.index.get()
-        if stored:
-            layout, data = stored
-            if layout != LAYOUT:
-                raise WindowError(
-                    f"this checkpoint's window state has layout {layout}; this kwatermark "
-                    f"reads layout {LAYOUT} (and moves layout 1 on): run the kwatermark "
-                    f"version that wrote the checkpoint, or start on a new checkpoint")
-            return pickle.loads(data)
+        index = _load_index(self.index)
+        if index is not None:
+            return index
         legacy = self.legacy.get()
         if not legacy:
             return WindowIndex()
@@ -392,25 +389,10 @@ class WindowProcessor(StatefulProcessor):
         self.legacy.clear()
         return index_of_key_windows(self.spec, keys, self.store, timer)
 
-    def _save(self, index: WindowIndex, watermark: int, expired: int | None) -> None:
-        """Store the index and keep the bucket's one timer at the first watermark above the
-        current one at which ``fire`` has something to do (an earlier one is superseded:
-        deleted here, or by Spark once it has fired: ``expired``)."""
-        first = index.wake_up(self.spec, watermark)
-        wanted = None if first is None else first - 1   # Spark fires once above the time
-        if index.timer != wanted:
-            if index.timer is not None and index.timer != expired:
-                self.handle.deleteTimer(index.timer)
-            if wanted is not None:
-                self.handle.registerTimer(wanted)
-            index.timer = wanted
-        if not index.windows:
-            self.index.clear()
-            return
-        self.index.update((LAYOUT, pickle.dumps(index, protocol=5)))
-
 
 _LEGACY_SCHEMA = StructType([StructField("slots", BinaryType(), True)])
+_INDEX_SCHEMA = StructType([StructField("layout", IntegerType(), True),
+                            StructField("index", BinaryType(), True)])
 
 
 class _MapChunks(ChunkStore):
@@ -431,23 +413,26 @@ class _MapChunks(ChunkStore):
 
 class SessionProcessor(StatefulProcessor):
     """The thin shell for session windows (a session's window depends on its key's others):
-    per bucket, one value state holds every key's :class:`KeyWindows`. This is layout 1,
-    which every window kind used before :class:`WindowProcessor`; given Combiner's schema it
-    folds partials as that did."""
+    per bucket, a :class:`kwatermark.windowing.SessionIndex` (one small value), each key's
+    :class:`KeyWindows` in a map state keyed by the key, and wake chunks listing the keys by
+    when they next need firing (:class:`kwatermark.windowing.BucketSessions`)."""
 
-    def __init__(self, spec: WindowSpec, by: list[str], inputs: list[str],
-                 combined: StructType | None = None):
+    def __init__(self, spec: WindowSpec, by: list[str], inputs: list[str]):
         self.spec = spec
         self.by = by
         self.inputs = inputs
-        self.combined = None if combined is None else {
-            name: isinstance(combined[name].dataType, _INTEGRAL)
-            for columns in accumulator_columns(spec) for name, _ in columns}
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self._profile = _start_profile()
-        self.state = handle.getValueState(_LEGACY, _LEGACY_SCHEMA)
+        self.index = handle.getValueState("session_index", _INDEX_SCHEMA)
+        binary = StructType([StructField("data", BinaryType(), True)])
+        self.store = _MapKeys(
+            handle.getMapState("session_keys",
+                               StructType([StructField("key", BinaryType(), True)]), binary),
+            handle.getMapState("session_wakes",
+                               StructType([StructField("chunk", LongType(), True)]), binary))
+        self.legacy = handle.getValueState(_LEGACY, _LEGACY_SCHEMA)
 
     def handleInputRows(self, key: tuple, rows: Iterator[pd.DataFrame],
                         timerValues: TimerValues) -> Iterator[pd.DataFrame]:
@@ -455,67 +440,96 @@ class SessionProcessor(StatefulProcessor):
         if batch is None:
             return
         watermark = timerValues.getCurrentWatermarkInMs()
-        keys, timer = self._load()
-        if self.combined is None:
-            every, fold = _rows(batch, self.inputs), KeyWindows.apply
-        else:
-            every, fold = _partials(batch, self.spec, self.combined), KeyWindows.apply_partials
-        out = []
-        for user_key, index in _key_groups(batch, self.by):
-            windows = KeyWindows(keys.get(user_key, {}))
-            emissions = fold(windows, self.spec, every.take(index), watermark)
-            if windows.slots:
-                keys[user_key] = windows.slots
-            else:
-                keys.pop(user_key, None)
-            out += [(user_key, e) for e in emissions]
-        self._save(keys, timer, watermark, expired=None)
+        every = _rows(batch, self.inputs)
+        bucket = BucketSessions(self._load(), self.store)
+        out = bucket.apply(self.spec, [(user_key, every.take(index))
+                                       for user_key, index in _key_groups(batch, self.by)],
+                           watermark)
+        _save(self, bucket.index, bucket.index.wake_up(watermark), expired=None)
         if out:
             yield _frame(self.by, self.spec, out)
 
     def handleExpiredTimer(self, key: tuple, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
         watermark = timerValues.getCurrentWatermarkInMs()
-        keys, timer = self._load()
-        out, changed = [], False
-        for user_key in list(keys):
-            windows = KeyWindows(keys[user_key])
-            before = len(windows.slots)
-            emissions = windows.fire(self.spec, watermark)
-            out += [(user_key, e) for e in emissions]
-            if emissions or len(windows.slots) != before:
-                changed = True
-            if not windows.slots:
-                del keys[user_key]
-        if changed or timer is None or timer < watermark:
-            self._save(keys, timer, watermark, expired=expiredTimerInfo.getExpiryTimeInMs())
+        bucket = BucketSessions(self._load(), self.store)
+        out = bucket.fire(self.spec, watermark)
+        _save(self, bucket.index, bucket.index.wake_up(watermark),
+              expired=expiredTimerInfo.getExpiryTimeInMs())
         if out:
             yield _frame(self.by, self.spec, out)
 
     def close(self) -> None:
         _stop_profile(self._profile, self)
 
-    def _load(self) -> tuple[dict, int | None]:
-        """The bucket's keys (key tuple -> window slots) and its one timer (None: none)."""
-        stored = self.state.get()
-        if not stored:
-            return {}, None
-        return pickle.loads(stored[0])
+    def _load(self) -> SessionIndex:
+        index = _load_index(self.index)
+        if index is not None:
+            return index
+        legacy = self.legacy.get()
+        if not legacy:
+            return SessionIndex()
+        keys, timer = pickle.loads(legacy[0])
+        self.legacy.clear()
+        return index_of_key_sessions(self.spec, keys, self.store, timer)
 
-    def _save(self, keys: dict, timer: int | None, watermark: int, expired: int | None
-              ) -> None:
-        first = min((m for slots in keys.values() for m in KeyWindows(slots).wake_ups(self.spec)
-                     if m > watermark), default=None)
-        wanted = None if first is None else first - 1
-        if timer != wanted:
-            if timer is not None and timer != expired:
-                self.handle.deleteTimer(timer)
-            if wanted is not None:
-                self.handle.registerTimer(wanted)
-        if not keys:
-            self.state.clear()
-            return
-        self.state.update((pickle.dumps((keys, wanted), protocol=5),))
+
+class _MapKeys(KeyStore):
+    """Each key's slots and home chunk, and the wake chunks, in two ``MapState``s."""
+
+    def __init__(self, keys, wakes):
+        self.key_state = keys
+        self.wake_state = wakes
+
+    def get(self, key: tuple) -> tuple[dict, int] | None:
+        stored = self.key_state.getValue((pickle.dumps(key, protocol=5),))
+        return None if stored is None else pickle.loads(stored[0])
+
+    def put(self, key: tuple, slots: dict, home: int) -> None:
+        self.key_state.updateValue((pickle.dumps(key, protocol=5),),
+                                   (pickle.dumps((slots, home), protocol=5),))
+
+    def remove(self, key: tuple) -> None:
+        self.key_state.removeKey((pickle.dumps(key, protocol=5),))
+
+    def get_wake(self, chunk: int) -> list:
+        keys = pickle.loads(self.wake_state.getValue((chunk,))[0])
+        self.wake_state.removeKey((chunk,))
+        return keys
+
+    def put_wake(self, chunk: int, keys: list) -> None:
+        self.wake_state.updateValue((chunk,), (pickle.dumps(keys, protocol=5),))
+
+
+def _load_index(state) -> WindowIndex | SessionIndex | None:
+    stored = state.get()
+    if not stored:
+        return None
+    layout, data = stored
+    if layout != LAYOUT:
+        raise WindowError(
+            f"this checkpoint's window state has layout {layout}; this kwatermark reads "
+            f"layout {LAYOUT} (and moves layout 1 on): run the kwatermark version that wrote "
+            f"the checkpoint, or start on a new checkpoint")
+    return pickle.loads(data)
+
+
+def _save(processor, index: WindowIndex | SessionIndex, first: int | None,
+          expired: int | None) -> None:
+    """Store a bucket's index and keep its one timer at ``first``, the first watermark above
+    the current one at which ``fire`` has something to do (an earlier timer is superseded:
+    deleted here, or by Spark once it has fired: ``expired``)."""
+    wanted = None if first is None else first - 1   # Spark fires once its watermark is above
+    if index.timer != wanted:
+        if index.timer is not None and index.timer != expired:
+            processor.handle.deleteTimer(index.timer)
+        if wanted is not None:
+            processor.handle.registerTimer(wanted)
+        index.timer = wanted
+    if wanted is None:
+        processor.index.clear()
+        return
+    processor.index.update((LAYOUT, pickle.dumps(index, protocol=5)))
 
 
 def _records(rows: Iterator[pd.DataFrame]) -> pd.DataFrame | None:

@@ -368,6 +368,7 @@ def test_a_checkpoint_of_the_first_state_layout_goes_on_where_it_stopped(
     before the window-by-window state, and sessions still use) are moved on as they are next
     touched; emitted windows keep their lateness, open ones their records."""
     import kwatermark.windows as windows_module
+    from tests.support.layout_one import OneValueProcessor
 
     writer = topic_factory(1)
     steps = [[T0 + 1_000, T0 + 2_000, T0 + 25_000],
@@ -379,8 +380,7 @@ def test_a_checkpoint_of_the_first_state_layout_goes_on_where_it_stopped(
     got, produced = WindowRows(), []
     for i, step in enumerate(steps):
         if i < 2:
-            monkeypatch.setattr(windows_module, "WindowProcessor",
-                                windows_module.SessionProcessor)
+            monkeypatch.setattr(windows_module, "WindowProcessor", OneValueProcessor)
         else:
             monkeypatch.undo()
         batch = [Record(0, t, key=b"k") for t in step]
@@ -392,3 +392,28 @@ def test_a_checkpoint_of_the_first_state_layout_goes_on_where_it_stopped(
              if start == T0]
     assert first == [("final", 2), ("update", 3), ("late", 1)]
     assert got.applied() == complete(tumbling_truth(produced), T0 + 40_000 - 1)
+
+
+def test_sessions_of_the_first_state_layout_go_on_where_they_stopped(
+        spark, broker, topic_factory, tmp_path, monkeypatch):
+    import kwatermark.windows as windows_module
+    from tests.support.layout_one import OneValueProcessor
+
+    writer = topic_factory(1)
+    steps = [[T0 + 1_000, T0 + 2_000],
+             [T0 + 10_000],   # the session [1 s, 4 s) final; [10 s, 12 s) open
+             [T0 + 10_500],   # the new layout from here: merges into the moved session
+             [T0 + 20_000]]   # [10 s, 12.5 s) final
+    checkpoint = str(tmp_path / "checkpoint")
+    got = WindowRows()
+    for i, step in enumerate(steps):
+        if i < 2:
+            monkeypatch.setattr(windows_module, "SessionProcessor", OneValueProcessor)
+        else:
+            monkeypatch.undo()
+        writer.send([Record(0, t, key=b"k") for t in step])
+        run(counts(stream(spark, broker, writer.topic), session("2 seconds")), checkpoint,
+            rows=got)
+    assert got.applied() == {(b"k", T0 + 1_000, T0 + 4_000): 2,
+                             (b"k", T0 + 10_000, T0 + 12_500): 2}
+    assert got.kinds() == {"final": 2}

@@ -711,9 +711,13 @@ def bucket_drive(spec_, batches, flush, store):
             emitted += bucket.apply_partials(spec_, keys, windowing.Partials(starts, late, accs),
                                              s)
             index = bucket.index
-        bucket = windowing.BucketWindows(pickle.loads(pickle.dumps(index)), store)
-        emitted += bucket.fire(spec_, s)
-        index = bucket.index
+            assert (index.wake_up(spec_, NO_WATERMARK) or math.inf) > s   # nothing left due
+        # Spark's timer phase: the bucket's timer is at its first wake-up, less 1 ms.
+        wake = index.wake_up(spec_, NO_WATERMARK)
+        if wake is not None and wake <= s:
+            bucket = windowing.BucketWindows(pickle.loads(pickle.dumps(index)), store)
+            emitted += bucket.fire(spec_, s)
+            index = bucket.index
         out.append(emitted)
     out.append(windowing.BucketWindows(index, store).fire(spec_, flush))
     return out, index
@@ -793,3 +797,43 @@ def test_a_bucket_stored_the_first_way_goes_on_as_if_never_moved(data, batches, 
         got += bucket.fire(spec_, s)
         want += [(k, e) for k, st_ in sorted(expected_states.items()) for e in st_.fire(spec_, s)]
         assert by_key([got]) == by_key([want])
+
+
+def session_bucket_drive(spec_, batches, flush):
+    """The processor's calls on one bucket of sessions: the batch's rows per key, then the
+    timer phase when the bucket's timer is due; index and store pickled between calls."""
+    index, store, out = windowing.SessionIndex(), windowing.KeyStore(), []
+    marks = watermarks_at_batch_starts([[(t, w, v) for _, t, w, v in b] for b in batches])
+    for batch, mark in zip(batches + [[]], marks):
+        s = NO_WATERMARK if mark is None else mark
+        emitted = []
+        if batch:
+            groups = [(key, raw_rows([r for r in batch if r[0] == key]))
+                      for key in sorted({k for k, *_ in batch}, reverse=True)]
+            bucket = windowing.BucketSessions(pickle.loads(pickle.dumps(index)), store)
+            emitted += bucket.apply(spec_, groups, s)
+            index = bucket.index
+            assert (index.wake_up(NO_WATERMARK) or math.inf) > s   # nothing left due
+        wake = index.wake_up(NO_WATERMARK)
+        if wake is not None and wake <= s:
+            bucket = windowing.BucketSessions(pickle.loads(pickle.dumps(index)), store)
+            emitted += bucket.fire(spec_, s)
+            index = bucket.index
+        out.append(emitted)
+    out.append(windowing.BucketSessions(index, store).fire(spec_, flush))
+    return out, index, store
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), streams(), st.integers(1, 15), st.sampled_from([0, 0, 1, 5, 17]))
+def test_a_bucket_of_sessions_stored_key_by_key_emits_what_each_keys_sessions_emit(
+        data, batches, gap, lateness):
+    spec_ = WindowSpec(Session(gap), ALL_AGGS[:6], lateness)
+    batches = [[(None if data.draw(st.integers(0, 9)) == 0 else t, w, v) for t, w, v in batch]
+               for batch in batches]
+    rows_ = keyed(batches, data.draw(st.lists(st.sampled_from(["a", "b", "c"]),
+                                              min_size=sum(map(len, batches)),
+                                              max_size=sum(map(len, batches)))))
+    got, index, store = session_bucket_drive(spec_, rows_, 1_000)
+    assert by_key(got) == by_key(per_key_drive(spec_, rows_, 1_000))
+    assert not store.keys and not store.wakes and not index.wakes
