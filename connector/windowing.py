@@ -673,6 +673,8 @@ class BucketWindows:
         """A completed window read, fired, given ``added`` (KeyWindows' fire, add, fire) and
         written back as one chunk or dropped."""
         entry = self.index.windows.get(window)
+        if entry is not None and entry.fired is None and not added_keys:
+            return self._first_firing(spec, window, watermark, entry)
         slots: dict[tuple, Slot] = {}
         if entry is not None:
             if entry.fired is not None:
@@ -697,6 +699,20 @@ class BucketWindows:
             self.index.windows[window] = WindowEntry(self._put(list(slots),
                                                                [s.acc for s in slots.values()]))
         return out
+
+    def _first_firing(self, spec: WindowSpec, window: tuple[int, int], watermark: int,
+                      entry: WindowEntry) -> list[tuple[tuple, Emission]]:
+        """:meth:`_fold` of a window never fired, nothing added: every key's ``final``
+        (the common case, without a slot per key)."""
+        accs: dict[tuple, list] = {}
+        for chunk in entry.deltas:
+            for key, acc in zip(*self.store.get(chunk)):
+                known = accs.get(key)
+                accs[key] = acc if known is None else spec.merge(known, acc)
+        self._drop(window)
+        if window[1] - 1 + spec.lateness_ms > watermark:
+            self.index.windows[window] = WindowEntry(self._put(list(accs), list(accs.values())))
+        return [(key, Emission(FINAL, *window, spec.results(acc))) for key, acc in accs.items()]
 
     def _put(self, keys: list, accs: list) -> int:
         chunk = self.index.next_chunk
