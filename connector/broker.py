@@ -13,6 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from kwatermark import security
 from kwatermark.errors import BrokerError, OptionError
 from kwatermark.offsets import TopicPartition
 from kwatermark.options import SourceOptions, Subscription
@@ -89,8 +90,9 @@ class KafkaMetadata:
                 error = exc.args[0] if exc.args else exc
                 if attempt + 1 >= attempts:
                     self.admin.poll(0)  # serves the queued error_cb calls
-                    cause = (f"; last connection error: {self._connection_error}"
-                             if self._connection_error else "")
+                    last = self._connection_error
+                    cause = (f"; last connection error: {last}" + security.tls_verify_reason(
+                        last, self.options.consumer_conf()) if last else "")
                     if self._reached:
                         budget = f"kafkaConsumer.pollTimeoutMs={self.options.poll_timeout_ms}"
                     else:
@@ -124,6 +126,9 @@ class KafkaMetadata:
         ``"topic t"``, and assigned partitions past a topic's count, as ``"topic t
         partition p"``."""
         topics = self.topics()
+        named = (subscription.topics if subscription.kind == "subscribe"
+                 else [t for t, _ in subscription.assigned])
+        self._refuse_unauthorized(sorted({t for t in named if t not in topics}))
         if subscription.kind == "assign":
             missing = sorted({f"topic {t}" for t, _ in subscription.assigned
                               if t not in topics})
@@ -139,6 +144,32 @@ class KafkaMetadata:
             names = [t for t in topics if not t.startswith("__") and pattern.fullmatch(t)]
             missing = []
         return sorted((t, p) for t in names for p in range(topics[t])), missing
+
+    def _refuse_unauthorized(self, topics: list[str]) -> None:
+        """A topic the principal may not describe is left out of the metadata, as if it did
+        not exist: ask for it by name (DescribeTopics never creates it), so a missing ACL is
+        reported as one instead of a missing topic."""
+        if not topics:
+            return
+        from confluent_kafka import TopicCollection
+
+        denied = []
+        futures = self.admin.describe_topics(TopicCollection(topics),
+                                             request_timeout=self.timeout_s)
+        for name, future in futures.items():
+            try:
+                future.result()
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if isinstance(error, KafkaError) and \
+                        error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                    denied.append(name)
+        if denied:
+            raise BrokerError(
+                f"topic {', '.join(denied)}: not authorized for "
+                f"{security.principal_hint(self.options.consumer_conf())} on "
+                f"kafka.bootstrap.servers={self.options.bootstrap_servers!r} "
+                f"(TOPIC_AUTHORIZATION_FAILED): grant it DESCRIBE and READ on the topic")
 
     def _list_offsets(self, what: str, specs: dict[TopicPartition, OffsetSpec]
                       ) -> dict[TopicPartition, int]:

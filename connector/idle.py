@@ -30,6 +30,10 @@ class PartitionView:
     unread: int          # records between the next offset to read and the broker's end
     last_read_ms: int    # processing time its records were last read (or first assigned)
     idle: str            # the previous decision: "count", "exclude" or "advance"
+    # Watermark alignment (watermark.alignment.maxDrift, DESIGN §11) holds it in the
+    # trigger being planned: it reads nothing on purpose, so silence is not idleness. Decided
+    # before the policy is asked, and recorded in the offset state as "held".
+    held: bool = False
 
 
 @runtime_checkable

@@ -21,10 +21,12 @@ credentials at format time, before the broker takes its first request.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -86,7 +88,7 @@ def runtime_classpath() -> str:
         result = subprocess.run(
             [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
              f"-DoutputDirectory={staging / 'jars'}", "-DincludeScope=runtime"],
-            capture_output=True, text=True, timeout=900)
+            check=False, capture_output=True, text=True, timeout=900)
         if result.returncode != 0:
             shutil.rmtree(staging, ignore_errors=True)
             tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
@@ -107,17 +109,25 @@ def cluster_id() -> str:
 
 
 def server_properties(port: int, controller_port: int, data_dir: str,
-                      overrides: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``server.properties`` of a combined broker and controller, tuned for tests."""
+                      overrides: Mapping[str, str] | None = None,
+                      listeners: Mapping[str, tuple[str, int]] | None = None) -> dict[str, str]:
+    """``server.properties`` of a combined broker and controller, tuned for tests.
+    ``listeners``: more listeners beside PLAINTEXT, name -> (security protocol, port)."""
+    extra = listeners or {}
     properties = {
         "node.id": "1",
         "process.roles": "broker,controller",
         "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "listeners": ",".join([f"PLAINTEXT://127.0.0.1:{port}",
+                               f"CONTROLLER://127.0.0.1:{controller_port}"]
+                              + [f"{name}://127.0.0.1:{p}" for name, (_, p) in extra.items()]),
+        "advertised.listeners": ",".join([f"PLAINTEXT://127.0.0.1:{port}"] + [
+            f"{name}://127.0.0.1:{p}" for name, (_, p) in extra.items()]),
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map": ",".join(
+            ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
+            + [f"{name}:{protocol}" for name, (protocol, _) in extra.items()]),
         "log.dirs": os.path.join(data_dir, "logs"),
         "num.partitions": "1",
         "offsets.topic.replication.factor": "1",
@@ -162,17 +172,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _load_prctl():
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        return None
+
+
+# Resolved in the parent: between fork and exec the child must not import or take locks
+# that another thread of the parent (Spark's, py4j's) may have held at fork time.
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
 def die_with_parent() -> None:
     """``preexec_fn``: the child gets SIGKILL when the process that started it dies, so a
     broker never outlives a Python session that forgot to stop it (Linux only)."""
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
@@ -181,6 +200,7 @@ class ApacheKafka:
     port: int
     data_dir: str
     properties: dict[str, str] = field(default_factory=dict)
+    listener_ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -190,19 +210,31 @@ class ApacheKafka:
     def log_file(self) -> str:
         return os.path.join(self.data_dir, "server.log")
 
+    def address(self, listener: str) -> str:
+        """``127.0.0.1:PORT`` of a listener given to :meth:`start` (``PLAINTEXT`` too)."""
+        if listener == "PLAINTEXT":
+            return self.bootstrap_servers
+        return f"127.0.0.1:{self.listener_ports[listener]}"
+
     @classmethod
     def start(cls, port: int | None = None, timeout_s: float = 60.0, *,
               properties: Mapping[str, str] | None = None,
-              scram_users: Iterable[tuple[str, str, str]] = ()) -> ApacheKafka:
+              scram_users: Iterable[tuple[str, str, str]] = (),
+              listeners: Mapping[str, str] | None = None) -> ApacheKafka:
         """Start a broker on ``port`` (a free one if None) and return once a client can
         create a topic on it. ``scram_users``: (mechanism, user, password) triples, e.g.
-        ``("SCRAM-SHA-512", "alice", "alice-secret")``."""
+        ``("SCRAM-SHA-512", "alice", "alice-secret")``. ``listeners``: more listeners, each
+        on a free port, name -> security protocol, e.g. ``{"SECURE": "SASL_SSL"}`` (configure
+        them through ``properties``, e.g. ``listener.name.secure.*``; see :meth:`address`).
+        Readiness is checked over PLAINTEXT, which stays the inter-broker listener."""
         classpath = runtime_classpath()
         java = require_tool("java", "a Java 17 JDK (apt-get install openjdk-17-jdk-headless)")
         port = port or free_port()
         data_dir = tempfile.mkdtemp(prefix="kwatermark-kafka-")
         try:
-            config = server_properties(port, free_port(), data_dir, properties)
+            ports = {name: (protocol, free_port())
+                     for name, protocol in (listeners or {}).items()}
+            config = server_properties(port, free_port(), data_dir, properties, ports)
             config_file = os.path.join(data_dir, "server.properties")
             Path(config_file).write_text("".join(f"{k}={v}\n" for k, v in config.items()))
             log4j = os.path.join(data_dir, "log4j2.properties")
@@ -214,18 +246,22 @@ class ApacheKafka:
             formatted = subprocess.run(
                 jvm + ["kafka.tools.StorageTool", "format", "-t", cluster_id(), "-c",
                        config_file, "--ignore-formatted", *scram],
-                capture_output=True, text=True, timeout=120)
+                check=False, capture_output=True, text=True, timeout=120)
             if formatted.returncode != 0:
                 raise KWatermarkError(f"formatting the Kafka storage failed: "
                                       f"{(formatted.stderr or formatted.stdout).strip()[-2000:]}")
             with open(os.path.join(data_dir, "stdout.log"), "wb") as out:
                 process = subprocess.Popen(jvm + ["kafka.Kafka", config_file], stdout=out,
                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           preexec_fn=die_with_parent)
+                                           preexec_fn=die_with_parent)  # noqa: PLW1509 - see _PRCTL
         except BaseException:
             shutil.rmtree(data_dir, ignore_errors=True)
             raise
-        broker = cls(process, port, data_dir, config)
+        broker = cls(process, port, data_dir, config,
+                     {name: p for name, (_, p) in ports.items()})
+        # A session that exits without stop() still stops the broker and removes its data;
+        # die_with_parent covers the exits that skip atexit (a kill).
+        atexit.register(broker.stop)
         try:
             broker._await_ready(timeout_s)
         except BaseException:
@@ -249,7 +285,7 @@ class ApacheKafka:
             try:
                 admin.create_topics([NewTopic(PROBE_TOPIC, 1, 1)])[PROBE_TOPIC].result(5)
                 break
-            except Exception as exc:  # noqa: BLE001 - retried until the deadline
+            except Exception as exc:  # retried until the deadline
                 if "TOPIC_ALREADY_EXISTS" in str(exc):
                     break
                 if time.monotonic() > deadline:

@@ -29,6 +29,7 @@ the listener in plaintext.
 from __future__ import annotations
 
 import argparse
+import atexit
 import shutil
 import signal
 import socket
@@ -102,14 +103,17 @@ class LocalBroker:
         if authentication:
             command.append("--authentication")
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
+                                   stderr=subprocess.DEVNULL,
+                                   preexec_fn=die_with_parent)  # noqa: PLW1509 - prctl only
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise KWatermarkError(f"the Tansu broker exited with code {process.returncode}")
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    return cls(process, port)
+                    broker = cls(process, port)
+                    atexit.register(broker.stop)
+                    return broker
             except OSError:
                 time.sleep(0.1)
         process.kill()

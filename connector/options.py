@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from difflib import get_close_matches
 
+from kwatermark import security
 from kwatermark.errors import OptionError
 
 # Spark's own Kafka options (case-insensitive) plus kwatermark's. kafka.* is passed through.
@@ -62,14 +63,11 @@ REJECTED_KAFKA_KEYS = {
                           "Spark's checkpoint",
     "interceptor.classes": "Java consumer interceptors do not exist in librdkafka",
     "enable.partition.eof": "the reader needs end-of-partition events to stop at gaps",
-    "sasl.jaas.config": "librdkafka has no JAAS: use kafka.sasl.mechanism, "
-                        "kafka.sasl.username and kafka.sasl.password",
-    "ssl.truststore.location": "librdkafka reads PEM files: use kafka.ssl.ca.location",
-    "ssl.keystore.location": "librdkafka reads PEM files: use kafka.ssl.certificate.location "
-                             "and kafka.ssl.key.location",
 }
 
-SECRET_MARKERS = ("password", "secret", "jaas", "user.info", "token", "credentials")
+# Spark's security options (JAAS, keystores) are translated by kwatermark.security.
+SECRET_MARKERS = ("password", "secret", "jaas", "user.info", "token", "credentials",
+                  "ssl.key.pem", "ssl.keystore.key", "oauthbearer.config")
 
 STRATEGIES = ("monotonous", "bounded", "punctuated", "timelag", "none")
 COMBINES = ("min", "percentile")
@@ -304,10 +302,40 @@ class SourceOptions:
     max_records_per_batch: int = 10_000
 
     def consumer_conf(self) -> dict[str, str]:
-        """librdkafka configuration for every consumer and admin client the source creates."""
+        """librdkafka configuration for every consumer and admin client the source creates.
+        Keystores are read here, in the process that creates the client (kwatermark.security)."""
         conf = {"bootstrap.servers": self.bootstrap_servers}
-        conf.update(dict(self.kafka_conf))
+        conf.update(security.librdkafka_conf(dict(self.kafka_conf)))
         return conf
+
+
+# Keys Spark itself adds beside the user's OPTIONS when a catalog table is created or its
+# schema inferred (V2SessionCatalog.createTable0 -> TableProvider.inferSchema): the table
+# properties, and each option again under TableCatalog.OPTION_PREFIX. Recognised only when
+# "provider" is present, so a user's own .option("owner", ...) still fails as unknown.
+TABLE_PROPERTY_KEYS = ("provider", "owner", "location", "path", "comment", "collation",
+                       "external", "is_managed_location")
+TABLE_OPTION_PREFIX = "option."
+
+
+def user_options(raw: Mapping[str, str]) -> dict[str, str]:
+    """The user's options without what Spark adds for a ``CREATE TABLE ... USING kwatermark``
+    (docs/sql.md): the reserved table properties, and an ``option.K`` copy only where K is
+    also given with the same value; anything else stays, to be validated as an option."""
+    opts = {str(k): str(v) for k, v in raw.items()}
+    lowered = {k.lower(): v for k, v in opts.items()}
+    if "provider" not in lowered:
+        return opts
+    kept = {}
+    for key, value in opts.items():
+        low = key.lower()
+        if low in TABLE_PROPERTY_KEYS:
+            continue
+        if low.startswith(TABLE_OPTION_PREFIX) and \
+                lowered.get(low[len(TABLE_OPTION_PREFIX):]) == value:
+            continue
+        kept[key] = value
+    return kept
 
 
 def _canonical_key(key: str) -> str:
@@ -418,6 +446,7 @@ def _kafka_conf(opts: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
         if reason:
             raise OptionError(f"option kafka.{name} is not supported: {reason}")
         conf.append((name, value))
+    security.check(dict(conf))
     return tuple(sorted(conf))
 
 
@@ -439,6 +468,18 @@ def _alignment(opts: Mapping[str, str], strategy: str, streaming: bool | None) -
     return drift
 
 
+# Spark 4.x hands a Python data source no options at all when it reads a catalog table:
+# PythonDataSourceV2.getTable ignores the table's properties (docs/sql.md).
+NO_OPTIONS = (
+    "option kafka.bootstrap.servers is required, and kwatermark got no options at all. If "
+    "this reads a table made by CREATE TABLE ... USING kwatermark OPTIONS (...): Spark does "
+    "not pass a catalog table's OPTIONS to a Python data source when the table is read "
+    "(PythonDataSourceV2.getTable ignores them). Use CREATE TEMPORARY VIEW ... USING "
+    "kwatermark OPTIONS (...) for batch SQL, or give the options where the table is read: "
+    "SELECT ... FROM [STREAM] t WITH ('kafka.bootstrap.servers'='host:9092', ...); see "
+    "docs/sql.md")
+
+
 def default_state_location() -> str:
     return os.path.join(tempfile.gettempdir(), "kwatermark-ledger")
 
@@ -453,10 +494,13 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> S
     ... # doctest: +ELLIPSIS
     SourceOptions(bootstrap_servers='localhost:9092', ...)
     """
+    given = user_options(raw)
+    if not given:
+        raise OptionError(NO_OPTIONS)
     opts: dict[str, str] = {}
-    for key, value in raw.items():
-        canonical = _canonical_key(str(key))
-        opts[canonical] = str(value)
+    for key, value in given.items():
+        canonical = _canonical_key(key)
+        opts[canonical] = value
     lowered = {k.lower(): v for k, v in opts.items()}
     servers = lowered.get("kafka.bootstrap.servers", "").strip()
     if not servers:

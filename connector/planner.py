@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 
 from kwatermark import idle
 from kwatermark.arrow import OutputLayout
@@ -52,6 +53,11 @@ MISSING_WARNING_EVERY_MS = 10 * 60_000
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
 
 
 def observe_lags(start: BatchOffset, partitions: dict[TopicPartition, PartitionRange],
@@ -111,6 +117,10 @@ class BatchPlanner:
         self._target: dict[TopicPartition, int] | None = None
         self._last_trigger_ms: int | None = None
         self._warned: dict[str, float] = {}
+        # Each partition's end offset as the broker reported it at the last planning, for
+        # the query progress's "latestOffset" (DESIGN §15); observation only.
+        self.latest_seen: dict[TopicPartition, int] = {}
+        self._announced: set[TopicPartition] = set()
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -210,14 +220,16 @@ class BatchPlanner:
     def latest_offset(self, start: BatchOffset, limits: ReadLimits) -> BatchOffset | None:
         """The next batch's end offset, or None when there is nothing new to read."""
         states, emitted_max = self.fold(start)
+        previous = max(from_optional(start.watermark), emitted_max)
         current = self.assigned()
-        begins = self._begins(start, current)
+        begins = self._begins(start, current, previous)
         latest = self.metadata.latest_offsets(list(begins))
         for tp, begin in list(begins.items()):
             if latest[tp] < begin:
                 self._loss(tp, f"its end offset went back from {begin} to {latest[tp]} "
                                f"(topic recreated or truncated)")
                 begins[tp] = self.metadata.earliest_offsets([tp])[tp]
+        self.latest_seen = dict(latest)
         ends = dict(latest)
         if self._target is not None:
             ends = {tp: min(end, self._target.get(tp, begins[tp])) for tp, end in ends.items()}
@@ -246,7 +258,6 @@ class BatchPlanner:
         marks = {tp: self.partition_watermark(r.state) for tp, r in partitions.items()}
         counted = {tp: marks[tp] for tp, r in partitions.items() if r.state.idle != idle.EXCLUDE}
         percentile = self.options.watermark.percentile
-        previous = max(from_optional(start.watermark), emitted_max)
         watermark = emitted(previous, combined_watermark(list(counted.values()), percentile))
         partitions = observe_lags(start, partitions, marks, latest, now)
         holds = holder(counted, percentile)
@@ -265,7 +276,7 @@ class BatchPlanner:
             return state
         return replace(state, generator=generator.snapshot())
 
-    def _begins(self, start: BatchOffset, current: list[TopicPartition]
+    def _begins(self, start: BatchOffset, current: list[TopicPartition], previous: int
                 ) -> dict[TopicPartition, int]:
         known = set(current)
         for tp in sorted(set(start.partitions) - known):
@@ -273,9 +284,39 @@ class BatchPlanner:
         begins = {tp: r.end for tp, r in start.partitions.items() if tp in known}
         new = [tp for tp in current if tp not in start.partitions]
         if new:
-            log.info("new partitions %s are read from their earliest offsets", new)
-            begins.update(self.metadata.earliest_offsets(new))
+            firsts = self.metadata.earliest_offsets(new)
+            begins.update(firsts)
+            self._announce_joined(firsts, previous)
         return begins
+
+    def _announce_joined(self, firsts: dict[TopicPartition, int], previous: int) -> None:
+        """One line per join (a new partition, a new ``subscribePattern`` match): which, from
+        where, and what happens to its rows. The combined watermark never goes back (§2), so
+        a partition that joins behind it has its early records judged against it. Latest
+        offset is asked every few ms until a batch takes the partitions in: say it once."""
+        fresh = {tp: o for tp, o in sorted(firsts.items()) if tp not in self._announced}
+        if not fresh:
+            return
+        self._announced.update(fresh)
+        joined = ", ".join(f"topic {t} partition {p} from offset {o}"
+                           for (t, p), o in fresh.items())
+        mark = to_optional(previous)
+        if mark is None:
+            log.info("%s joined the query, read from the earliest offset; the combined "
+                     "watermark is undefined, so none of its records can be late", joined)
+            return
+        lateness = self.options.allowed_lateness_ms
+        treatment = {
+            "keep": "kept as ordinary rows (lateRecords=keep: their watermark column is above "
+                    "their event time)",
+            "flag": "flagged is_late=true (lateRecords=flag)",
+            "drop": "dropped (lateRecords=drop)",
+        }[self.options.late_records]
+        log.warning(
+            "%s joined the running query, read from the earliest offset, while the combined "
+            "watermark is %d (%s); the watermark never goes back, so its records with event "
+            "time <= %d (watermark - allowedLateness %d ms) are late and %s",
+            joined, mark, _utc(mark), mark - lateness, lateness, treatment)
 
     def _admit(self, begins: dict[TopicPartition, int], ends: dict[TopicPartition, int],
                states: dict[TopicPartition, PartitionState], limits: ReadLimits, now: int
@@ -330,7 +371,7 @@ class BatchPlanner:
             topic=tp[0], partition=tp[1],
             watermark_ms=to_optional(self.partition_watermark(state)),
             max_event_time_ms=state.max_event_ms, unread=unread,
-            last_read_ms=state.last_read_ms, idle=state.idle)
+            last_read_ms=state.last_read_ms, idle=state.idle, held=state.held)
         decision = idle.decide(self.policy, view, now)
         if isinstance(decision, int):
             advanced = max(decision, from_optional(state.advanced_ms))

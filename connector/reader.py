@@ -25,6 +25,7 @@ from kwatermark.offsets import RangeTask
 from kwatermark.options import SourceOptions
 from kwatermark.rdkafka_log import librdkafka_logger
 from kwatermark.records import RecordBlock
+from kwatermark.security import refusal_hint
 from kwatermark.watermarks import (
     UNDEFINED,
     from_optional,
@@ -251,7 +252,7 @@ class RangeReader:
             self._data_loss(f"offset {position} is out of range: {error.str()}")
             return end
         raise BrokerError(f"topic {task.topic}, partition {task.partition}, offset "
-                          f"{position}: {error.str()}")
+                          f"{position}: {error.str()}{refusal_hint(error, self.options)}")
 
     def _process(self, block: RecordBlock) -> pa.RecordBatch:
         return assemble(self.layout, self.schema, self.options.late_records,
@@ -574,7 +575,8 @@ class PackReader:
             first = lane[0]
             task = first.reader.task
             raise BrokerError(f"topic {task.topic}, partition {task.partition}, offset "
-                              f"{first.position}: {error.str()}")
+                              f"{first.position}: {error.str()}"
+                              f"{refusal_hint(error, first.reader.options)}")
         covered = 0
         for pending in lane:
             if pending.done:

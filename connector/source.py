@@ -10,8 +10,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -31,11 +34,54 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from kwatermark.arrow import OutputLayout, heartbeat_batch
-from kwatermark.errors import OptionError
+from kwatermark.errors import KWatermarkError, OptionError
 from kwatermark.offsets import BatchOffset, RangeTask
 from kwatermark.options import SourceOptions, parse_options
 from kwatermark.planner import BatchPlanner, ReadLimits
 from kwatermark.reader import Decoders, PackReader
+
+Method = TypeVar("Method", bound=Callable)
+
+# Set (to anything) to see kwatermark's own frames and causes in the errors Spark shows.
+FULL_TRACEBACK_ENV = "KWATERMARK_FULL_TRACEBACK"
+
+
+def _cause_first(method: Method) -> Method:
+    """Spark shows a Python source's error as its Python traceback, cause last: a misspelt
+    option was line 13 of 13 under Spark's prefix, a wrong address line 35 of 47. A
+    KWatermarkError's message names the option, topic, partition or address and what to do,
+    so it is re-raised from this one frame: Spark's text then reads prefix, "Traceback",
+    this frame, the cause (docs/operations.md, "Errors"). Anything else (a user plugin's own
+    exception) keeps its whole traceback."""
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except KWatermarkError as exc:
+            if os.environ.get(FULL_TRACEBACK_ENV):
+                raise
+            raise exc.with_traceback(None) from None
+    return call  # type: ignore[return-value]
+
+
+def _cause_first_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``_cause_first`` for ``read()``, whose errors come while Spark iterates the rows."""
+    try:
+        yield from batches
+    except KWatermarkError as exc:
+        if os.environ.get(FULL_TRACEBACK_ENV):
+            raise
+        raise exc.with_traceback(None) from None
+
+
+def _simplify_planner_tracebacks() -> None:
+    """Spark drops its own frames from a Python worker's traceback by default
+    (``spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled``, passed to workers as
+    SPARK_SIMPLIFIED_TRACEBACK) but not in the long-lived process that plans a Python stream
+    (pyspark 4.3.0's python_streaming_source_runner): there a wrong address put two frames of
+    Spark's runner before kwatermark's. Apply Spark's default in that process too."""
+    if not os.environ.get(FULL_TRACEBACK_ENV):
+        os.environ.setdefault("SPARK_SIMPLIFIED_TRACEBACK", "1")
 
 
 class RangePartition(InputPartition):
@@ -135,6 +181,7 @@ class KWatermarkDataSource(DataSource):
     def _options(self, streaming: bool | None) -> SourceOptions:
         return parse_options(dict(self.options), streaming=streaming)
 
+    @_cause_first
     def schema(self) -> str:
         options = self._options(streaming=None)
         _, types = _decoders(options, None)
@@ -159,9 +206,11 @@ class KWatermarkDataSource(DataSource):
                               "reported at start() or the first action, not at load().)")
         return options, layout, decoders
 
+    @_cause_first
     def streamReader(self, schema: StructType) -> KWatermarkStreamReader:
         return KWatermarkStreamReader(*self._parts(schema, streaming=True))
 
+    @_cause_first
     def reader(self, schema: StructType) -> KWatermarkBatchReader:
         return KWatermarkBatchReader(*self._parts(schema, streaming=False))
 
@@ -190,13 +239,17 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.layout = layout
         self.decoders = decoders
         self.planner = BatchPlanner(options, layout, decoders)
+        _simplify_planner_tracebacks()
 
+    @_cause_first
     def initialOffset(self) -> dict:
         return self.planner.initial_offset().to_json()
 
+    @_cause_first
     def prepareForTriggerAvailableNow(self) -> None:
         self.planner.prepare_available_now()
 
+    @_cause_first
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger is not None:
             return ReadMaxRows(self.options.max_offsets_per_trigger)
@@ -204,6 +257,7 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return ReadMinRows(self.options.min_offsets_per_trigger)
         return ReadAllAvailable()
 
+    @_cause_first
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         if isinstance(limit, ReadAllAvailable):
             limits = ReadLimits()
@@ -215,6 +269,19 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         end = self.planner.latest_offset(BatchOffset.from_json(start), limits)
         return start if end is None else end.to_json()
 
+    @_cause_first
+    def reportLatestOffset(self) -> dict | None:
+        """Each partition's end offset at the last trigger, in the shape of Spark's Kafka
+        source (``{"topic": {"0": 42}}``): ``latestOffset`` in the query progress. Spark calls
+        it right after ``latestOffset`` (pyspark >= 4.2; older ones never call it)."""
+        if not self.planner.latest_seen:
+            return None
+        latest: dict[str, dict[str, int]] = {}
+        for (topic, partition), end in sorted(self.planner.latest_seen.items()):
+            latest.setdefault(topic, {})[str(partition)] = end
+        return latest
+
+    @_cause_first
     def partitions(self, start: dict, end: dict) -> list[RangePartition | HeartbeatPartition]:
         offset = BatchOffset.from_json(end)
         if offset.heartbeat:
@@ -223,8 +290,10 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return [RangePartition(tasks, True, mark) for tasks in self.planner.packed_tasks(offset)]
 
     def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
-        return _read(self.options, self.layout, self.decoders, self.planner, partition)
+        return _cause_first_rows(
+            _read(self.options, self.layout, self.decoders, self.planner, partition))
 
+    @_cause_first
     def commit(self, end: dict) -> None:
         self.planner.commit(BatchOffset.from_json(end))
 
@@ -239,9 +308,11 @@ class KWatermarkBatchReader(DataSourceReader):
         self.decoders = decoders
         self.planner = BatchPlanner(options, layout, decoders)
 
+    @_cause_first
     def partitions(self) -> list[RangePartition]:
         offset = self.planner.batch_offset()
         return [RangePartition(tasks) for tasks in self.planner.packed_tasks(offset)]
 
     def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
-        return _read(self.options, self.layout, self.decoders, self.planner, partition)
+        return _cause_first_rows(
+            _read(self.options, self.layout, self.decoders, self.planner, partition))

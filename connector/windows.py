@@ -55,7 +55,14 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from kwatermark.errors import OptionError
+from kwatermark.clock import (
+    check_heartbeat,
+    follow_watermarks,
+    prepare_session,
+    refuse_union,
+    require_min_policy,
+    streams,
+)
 from kwatermark.options import parse_duration_ms
 from kwatermark.windowing import (
     IS_LATE,
@@ -89,11 +96,8 @@ log = logging.getLogger("kwatermark.windows")
 
 __all__ = ["WindowError", "aggregate", "session", "sliding", "tumbling"]
 
-PROVIDER = "spark.sql.streaming.stateStore.providerClass"
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # Spark renames pandas columns whose names start with "__": plain, unlikely names instead.
-_TIME, _MARK, _CLOCK, _BUCKET = ("kwatermark_time", "kwatermark_watermark", "kwatermark_clock",
-                                 "kwatermark_bucket")
+_TIME, _MARK, _BUCKET = "kwatermark_time", "kwatermark_watermark", "kwatermark_bucket"
 _INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
 # Keys share Spark's grouping key (and state value, and timer) by their hash modulo this: one
 # processor call per bucket and batch instead of one per key (see docs/windows.md, "State").
@@ -119,7 +123,7 @@ def session(gap: str) -> Session:
     return Session(parse_duration_ms("session gap", gap))
 
 
-def aggregate(df: DataFrame, windows: Assigner, by: Sequence[str] = (),
+def aggregate(df: DataFrame | Sequence[DataFrame], windows: Assigner, by: Sequence[str] = (),
               aggs: Mapping[str, tuple[str, str | None]] | None = None,
               allowed_lateness: str = "0 seconds", time_column: str = "event_time",
               key_buckets: int = KEY_BUCKETS) -> DataFrame:
@@ -132,8 +136,15 @@ def aggregate(df: DataFrame, windows: Assigner, by: Sequence[str] = (),
     aggregate again after a record within ``allowed_lateness``), ``late`` (the aggregate of
     the records past the lateness alone; never silently dropped). See docs/windows.md.
 
+    Several streams (say two topics read by two sources) are windowed together when passed as
+    a list, ``aggregate([clicks, views], ...)``: each keeps its own watermark and the lowest
+    completes the windows. A union made beforehand (``clicks.unionByName(views)``) is refused:
+    one watermark above a union follows the fastest input.
+
     ``key_buckets``: the keys are held in this many groups in Spark's state store (one state
     value and one timer per group); fixed for the life of a checkpoint.
+
+    >>> aggregate([clicks, views], tumbling("10 seconds"), by=["key"])   # doctest: +SKIP
     """
     if not isinstance(windows, (Tumbling, Sliding, Session)):
         raise WindowError(f"windows must be tumbling(...), sliding(...) or session(...), got "
@@ -143,40 +154,55 @@ def aggregate(df: DataFrame, windows: Assigner, by: Sequence[str] = (),
                       parse_duration_ms("allowed_lateness", allowed_lateness))
     if isinstance(key_buckets, bool) or not isinstance(key_buckets, int) or key_buckets < 1:
         raise WindowError(f"key_buckets must be a positive integer, got {key_buckets!r}")
-    _check_stream(df, by, spec, time_column)
-    _prepare_session(df)
+    frames = streams(df)
+    if not frames:
+        raise WindowError("aggregate needs at least one stream")
+    for frame in frames:
+        _check_stream(frame, by, spec, time_column)
+        refuse_union(frame, "kwatermark.windows.aggregate", "aggregate([a, b], ...)",
+                     WindowError)
+    prepare_session(frames[0], "kwatermark.windows", WindowError)
+    if len(frames) > 1:
+        require_min_policy(frames[0], "kwatermark.windows.aggregate", WindowError)
     by = list(by)
     inputs = sorted({a.column for a in spec.aggs if a.column is not None} - set(by))
     bucket = F.pmod(F.xxhash64(*[F.col(c) for c in by]), F.lit(key_buckets)) if by else \
         F.lit(0)
-    prepared = df.select(
+    # Each stream is prepared (and combined) on its own, then follows its own watermark
+    # (kwatermark.clock): with several, Spark's min policy drives the windows by the lowest.
+    prepared = [frame.select(
         bucket.cast("int").alias(_BUCKET),
         *[F.col(c) for c in by], *[F.col(c) for c in inputs],
         F.unix_millis(F.col(time_column)).alias(_TIME),
         F.unix_millis(F.col("watermark")).alias(_MARK),
-        F.col("is_heartbeat"))
+        F.col("is_heartbeat")) for frame in frames]
+    schema = _common_schema(frames, by, inputs, time_column)
     combined = None
-    if _combinable(df.schema, by, spec):
+    if _combinable(schema, by, spec):
         # Fixed windows: each task combines its rows per (key, window, late?) before the
         # shuffle, as Spark's own aggregation does; the stateful step merges accumulators.
-        combined = _combined_schema(prepared.schema, by, spec)
-        prepared = prepared.mapInArrow(
-            Combiner(spec, [_BUCKET, *by, "is_heartbeat"], combined), combined)
-    output = _output_schema(df.schema, by, spec)
+        combined = _combined_schema(prepared[0].schema, by, spec)
+        prepared = [p.mapInArrow(Combiner(spec, [_BUCKET, *by, "is_heartbeat"], combined),
+                                 combined) for p in prepared]
+    output = _output_schema(schema, by, spec)
     processor = SessionProcessor(spec, by, inputs) if spec.assigner.merging else \
         WindowProcessor(spec, by, inputs, combined)
-    # Spark drops rows whose watermark column is at or below its own watermark, and its
-    # watermark is the previous batch's maximum: a row whose `watermark` equals it would be
-    # lost. One millisecond up, one millisecond of delay: Spark's watermark is exactly the
-    # highest row watermark seen, and no row of ours is ever below it. The clock only feeds
-    # Spark's watermark: projected away above it (a projection, unlike a filter, cannot move
-    # below the watermark node), so the Python workers do not convert it.
-    clock = F.timestamp_millis(F.coalesce(F.col(_MARK), F.lit(0)) + 1)
-    return (prepared.withColumn(_CLOCK, clock)
-            .withWatermark(_CLOCK, "1 millisecond")
-            .drop(_CLOCK)
+    return (follow_watermarks(prepared, _MARK)
             .groupBy(_BUCKET)
             .transformWithStateInPandas(processor, output, "Append", "EventTime"))
+
+
+def _common_schema(frames: Sequence[DataFrame], by: Sequence[str], inputs: Sequence[str],
+                   time_column: str) -> StructType:
+    """The first stream's schema, once every stream agrees on the columns aggregate uses."""
+    schema = frames[0].schema
+    for other in frames[1:]:
+        for c in (*by, *inputs, time_column):
+            if other.schema[c].dataType != schema[c].dataType:
+                raise WindowError(f"aggregate: column {c!r} is "
+                                  f"{schema[c].dataType.simpleString()} in the first stream "
+                                  f"and {other.schema[c].dataType.simpleString()} in another")
+    return schema
 
 
 def _combinable(schema: StructType, by: Sequence[str], spec: WindowSpec) -> bool:
@@ -227,15 +253,8 @@ def _pair(name: str, fn: object) -> tuple[str, str | None]:
 
 def _check_stream(df: DataFrame, by: Sequence[str], spec: WindowSpec, time_column: str
                   ) -> None:
+    check_heartbeat(df, "kwatermark.windows.aggregate", WindowError)
     columns = set(df.columns)
-    if "is_heartbeat" not in columns or "watermark" not in columns:
-        raise OptionError(
-            "kwatermark.windows.aggregate needs a format('kwatermark') stream read with "
-            ".option('watermark.heartbeat', 'true') (it has no 'is_heartbeat' column): the "
-            "heartbeat micro-batches let the last windows come out without a new record")
-    if not df.isStreaming:
-        raise WindowError("kwatermark.windows.aggregate needs a streaming DataFrame "
-                          "(spark.readStream.format('kwatermark'))")
     wanted = [*by, time_column, *(a.column for a in spec.aggs if a.column is not None)]
     missing = [c for c in wanted if c not in columns]
     if missing:
@@ -254,25 +273,6 @@ def _check_stream(df: DataFrame, by: Sequence[str], spec: WindowSpec, time_colum
 def _numeric(dtype: DataType) -> bool:
     return isinstance(dtype, (*_INTEGRAL, DecimalType, DoubleType)) or \
         dtype.typeName() == "float"
-
-
-def _prepare_session(df: DataFrame) -> None:
-    """transformWithState needs protobuf in the Python workers and the RocksDB state store."""
-    try:
-        import google.protobuf  # noqa: F401
-    except ImportError:
-        raise WindowError("kwatermark.windows needs the 'protobuf' package (Spark's "
-                          "transformWithState talks to its state store with it): "
-                          "pip install protobuf") from None
-    conf = df.sparkSession.conf
-    provider = conf.get(PROVIDER, None)
-    if provider is None or provider.endswith("HDFSBackedStateStoreProvider"):
-        # Only new checkpoints take it: a restarted query keeps the provider it started with.
-        conf.set(PROVIDER, ROCKSDB)
-        log.info("set %s=%s (Spark's transformWithState needs it)", PROVIDER, ROCKSDB)
-    elif provider != ROCKSDB:
-        raise WindowError(f"kwatermark.windows needs {PROVIDER}={ROCKSDB} "
-                          f"(transformWithState supports only RocksDB); it is {provider}")
 
 
 def _output_schema(schema: StructType, by: Sequence[str], spec: WindowSpec) -> StructType:

@@ -248,3 +248,22 @@ def test_a_checkpoint_written_without_lag_fields_restarts_and_continues(
     assert old["event_lag_ms"].isna().all() and old["holder"].isna().all()
     assert list(new["holder"]) == [f"{writer.topic}:1"] * 2
     assert new["event_lag_ms"].notna().all()
+
+
+def test_progress_latest_offset_shows_each_partitions_end_offset_as_sparks_kafka_source(
+        spark, broker, topic_factory, checkpoint):
+    writer = topic_factory(2)
+    writer.send([Record(0, T0 + i, value=b"a") for i in range(6)]
+                + [Record(1, T0 + i, value=b"b") for i in range(3)])
+    # Under a read limit the first batch reads part of what the broker has: its progress
+    # shows the broker's end offsets as latestOffset, beyond the batch's own endOffset.
+    frame = kwatermark_stream(spark, broker, writer.topic, maxOffsetsPerTrigger=4)
+    _, query = run_available_now(frame, checkpoint)
+    sources = [progress["sources"][0] for progress in query.recentProgress
+               if progress["numInputRows"] > 0]
+    assert len(sources) >= 2
+    first = sources[0]
+    assert json.loads(first["latestOffset"]) == {writer.topic: {"0": 6, "1": 3}}
+    planned = json.loads(first["endOffset"])["partitions"]
+    assert sum(p["to"] - p["from"] for p in planned.values()) <= 4 + 2
+    assert json.loads(sources[-1]["latestOffset"]) == {writer.topic: {"0": 6, "1": 3}}

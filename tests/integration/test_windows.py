@@ -15,7 +15,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from kwatermark.errors import OptionError
-from kwatermark.windows import aggregate, session, sliding, tumbling
+from kwatermark.windows import WindowError, aggregate, session, sliding, tumbling
 from tests.integration.test_restart import KillableQuery
 from tests.support.kafka import Record
 from tests.support.streams import epoch_ms, kwatermark_stream
@@ -417,3 +417,46 @@ def test_sessions_of_the_first_state_layout_go_on_where_they_stopped(
     assert got.applied() == {(b"k", T0 + 1_000, T0 + 4_000): 2,
                              (b"k", T0 + 10_000, T0 + 12_500): 2}
     assert got.kinds() == {"final": 2}
+
+
+def two_topics_one_behind(writer_a, writer_b, lag_ms: int = 60_000, rounds: int = 5,
+                          per_round: int = 20):
+    """Per round, ``per_round`` records on each topic, one a second; topic B ``lag_ms``
+    behind topic A in event time. Yields each round's records (A's, then B's)."""
+    for r in range(rounds):
+        a = [Record(0, T0 + 1_000 * (r * per_round + i + 1), key=b"k") for i in range(per_round)]
+        b = [Record(0, x.timestamp - lag_ms, key=b"k") for x in a]
+        writer_a.send(a)
+        writer_b.send(b)
+        yield a + b
+
+
+def test_two_topics_windowed_together_give_one_final_per_window(spark, broker, topic_factory,
+                                                                 tmp_path):
+    """Issue 25: topic B runs 60 s behind topic A. Each window comes out once, final, with
+    both topics' records; the watermark driving the windows is the lower of the two."""
+    writer_a, writer_b = topic_factory(1), topic_factory(1)
+    frames = [stream(spark, broker, w.topic) for w in (writer_a, writer_b)]
+    windowed = counts(frames)
+    got, produced = WindowRows(), []
+    for step in two_topics_one_behind(writer_a, writer_b):
+        produced += step
+        run(windowed, str(tmp_path / "checkpoint"), rows=got)
+    truth = tumbling_truth(produced)
+    shared = {w for w in truth
+              if any(r.timestamp // SIZE * SIZE == w[1] for r in writer_a.produced)
+              and any(r.timestamp // SIZE * SIZE == w[1] for r in writer_b.produced)}
+    # B's last record is at 40 s: its watermark completes every window up to [30 s, 40 s).
+    watermark = min(final_watermark(writer_a.produced), final_watermark(writer_b.produced))
+    expected = complete(truth, watermark)
+    assert len(shared & expected.keys()) == 4
+    assert got.applied() == expected
+    windows = collections.Counter(row[:3] for _, row in got.rows)
+    assert set(windows.values()) == {1}                  # one row per window: its final
+    assert got.kinds() == {"final": len(expected)}
+
+
+def test_aggregate_refuses_a_plain_union_of_two_streams(spark, broker, topic_factory):
+    a, b = (stream(spark, broker, topic_factory(1).topic) for _ in range(2))
+    with pytest.raises(WindowError, match=r"aggregate\(\[a, b\]"):
+        counts(a.unionByName(b))

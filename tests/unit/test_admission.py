@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import pytest
 
@@ -191,3 +192,64 @@ def test_alignment_applies_without_a_read_limit(tmp_path):
     result, _ = run(planner, records, None, offset=offset, batches=2, run=result)
     assert result.plans[1] == {0: (1, 1, True), 1: (1, 50, False)}   # p0 an hour ahead: held
     assert result.plans[2] == {0: (1, 100, False), 1: (50, 50, False)}  # p1 drained: free
+
+
+class RecordingPolicy:
+    """A custom idle policy that remembers the ``held`` it was shown, per partition."""
+
+    seen: ClassVar[list[tuple[int, bool]]] = []
+
+    def __init__(self, options):
+        pass
+
+    def decide(self, partition, now_ms):
+        RecordingPolicy.seen.append((partition.partition, partition.held))
+        return "count"
+
+
+def test_a_custom_policy_sees_whether_alignment_holds_the_partition(tmp_path):
+    records = alignment_records()[:2]
+    RecordingPolicy.seen = []
+    planner, _ = planner_for(records, str(tmp_path), **{
+        "watermark.alignment.maxDrift": "1 minute",
+        "idle.policy": f"{__name__}:RecordingPolicy"})
+    result, _ = run(planner, records, 500, batches=8)
+    shown = [dict(RecordingPolicy.seen[i:i + 2]) for i in range(0, len(RecordingPolicy.seen), 2)]
+    assert len(shown) == len(result.plans)
+    for b, (plan, views) in enumerate(zip(result.plans, shown)):
+        marks = true_watermarks_at_start(result, records, b)
+        for p, (start, end, held) in plan.items():
+            assert views[p] == held
+            if held:   # independently: read nothing, had records, more than 1 min ahead
+                others = [marks[q] for q in plan if q != p and q in marks]
+                assert start == end < len(records[p]) and marks[p] - min(others) > 60_000
+    assert any(v for views in shown for v in views.values())
+    assert not all(v for views in shown for v in views.values())
+
+
+def test_a_partition_that_joins_behind_the_watermark_is_announced_once_with_its_treatment(
+        tmp_path, caplog):
+    records = [[10_000 + 1_000 * i for i in range(5)], [1_000, 2_000, 30_000]]
+    planner, broker = planner_for(records[:1], str(tmp_path), lateRecords="flag")
+    result, offset = run(planner, records, None)
+    # The highest watermark a row has carried: monotonous, on p0's last row, before that row
+    # applied itself (p0's next-to-last event time - 1). With p1 undefined it stays in force.
+    watermark = records[0][-2] - 1
+    # The second partition appears (a new partition, or a new subscribePattern match), empty
+    # at first: the driver asks again and again before a batch takes it in.
+    broker.tps.append((TOPIC, 1))
+    broker.ends[(TOPIC, 1)] = 0
+    with caplog.at_level(logging.INFO, logger="kwatermark"):
+        for _ in range(3):
+            assert planner.latest_offset(offset, ReadLimits()) is None
+        broker.ends[(TOPIC, 1)] = len(records[1])
+        result, _ = run(planner, records, None, offset=offset, run=result)
+    joined = [r for r in caplog.records if "joined" in r.getMessage()]
+    assert len(joined) == 1 and joined[0].levelno == logging.WARNING
+    message = joined[0].getMessage()
+    assert f"topic {TOPIC} partition 1 from offset 0" in message
+    assert f"combined watermark is {watermark} " in message
+    assert "flagged is_late=true (lateRecords=flag)" in message
+    # and so they are: the joining partition's first two records are at or below it
+    late_rows = [(o, ev) for p, o, ev, wm in result.rows[-1] if p == 1 and ev <= wm]
+    assert [o for o, _ in late_rows] == [0, 1]

@@ -367,9 +367,8 @@ def test_equal_min_and_max_offsets_are_fine():
 
 @pytest.mark.parametrize("key", [
     "kafka.auto.offset.reset", "kafka.enable.auto.commit", "kafka.key.deserializer",
-    "kafka.value.deserializer", "kafka.sasl.jaas.config", "kafka.interceptor.classes",
-    "kafka.enable.partition.eof", "kafka.ssl.truststore.location",
-    "kafka.ssl.keystore.location", "kafka.AUTO.OFFSET.RESET",
+    "kafka.value.deserializer", "kafka.interceptor.classes",
+    "kafka.enable.partition.eof", "kafka.ssl.engine.factory.class", "kafka.AUTO.OFFSET.RESET",
 ])
 def test_rejected_kafka_keys_name_the_option(key):
     message = option_error({**BASE, key: "x"})
@@ -535,3 +534,40 @@ def test_alignment_on_a_batch_query_is_refused():
 def test_a_misspelt_alignment_option_is_unknown_with_a_suggestion():
     message = option_error({**BASE, "watermark.alignment.maxDrfit": "1 minute"})
     assert "did you mean 'watermark.alignment.maxDrift'" in message
+
+
+# What Spark 4.3 hands the source for CREATE TABLE t USING kwatermark OPTIONS (...) (measured:
+# lower-cased keys, every option again under "option.", plus the table's own properties).
+TABLE_KEYS = {"provider": "kwatermark", "owner": "someone",
+              "option.kafka.bootstrap.servers": "broker:9092", "option.subscribe": "events",
+              "path": "file:/tmp/t", "location": "file:/tmp/t"}
+
+
+def test_keys_spark_adds_for_a_catalog_table_are_not_user_options():
+    assert parse_raw(TABLE_KEYS) == parse()
+    with_option = {**TABLE_KEYS, "watermark.maxoutoforderness": "5 seconds",
+                   "option.watermark.maxoutoforderness": "5 seconds"}
+    assert parse_raw(with_option).watermark.max_out_of_orderness_ms == 5_000
+
+
+def test_an_unknown_option_beside_the_table_keys_still_fails_naming_it():
+    raw = {**BASE, **TABLE_KEYS, "watermark.maxoutofordernes": "5 seconds",
+           "option.watermark.maxoutofordernes": "5 seconds"}
+    message = option_error(raw)
+    assert "unknown option 'watermark.maxoutofordernes'" in message
+    assert "did you mean 'watermark.maxOutOfOrderness'?" in message
+
+
+def test_table_keys_without_a_provider_are_the_users_and_fail():
+    assert "unknown option 'owner'" in option_error({**BASE, "owner": "someone"})
+
+
+def test_an_option_copy_that_differs_from_its_option_is_not_sparks_and_fails():
+    raw = {**BASE, "provider": "kwatermark", "option.subscribe": "other"}
+    assert "unknown option 'option.subscribe'" in option_error(raw)
+
+
+def test_no_options_at_all_explains_the_catalog_table_limit():
+    message = option_error({})
+    assert message.startswith("option kafka.bootstrap.servers is required")
+    assert "PythonDataSourceV2.getTable" in message and "docs/sql.md" in message

@@ -1,0 +1,128 @@
+"""The clock that drives Spark's event-time operators from kwatermark's ``watermark`` column
+(DESIGN §10, §16), shared by :mod:`kwatermark.windows`, :mod:`kwatermark.joins` and
+:mod:`kwatermark.dedup`.
+
+Spark's event-time timers fire strictly below Spark's watermark, and its stateful operators
+drop rows at or below the previous one. So each input gets a clock column of ``watermark +
+1 ms`` with a 1 ms delay: Spark's watermark is then exactly the highest row watermark it has
+seen, and no row of ours is ever below it. The clock only feeds Spark's watermark and is
+projected away above it (a projection, unlike a filter, cannot move below the watermark node).
+
+Several inputs: Spark's watermark over a union is what the one ``withWatermark`` above it
+sees, the maximum of the inputs' row watermarks. Each input therefore gets its own clock and
+``withWatermark`` *before* the union; Spark's ``multipleWatermarkPolicy`` (``min`` by default,
+required here) then drives the operator by the lowest input's watermark.
+
+>>> from kwatermark.clock import follow_watermarks          # doctest: +SKIP
+>>> driven = follow_watermarks([clicks, views], "kwatermark_watermark", who="my operator")
+>>> driven.groupBy("k").transformWithStateInPandas(processor, schema, "Append", "EventTime")
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from kwatermark.errors import KWatermarkError, OptionError
+
+log = logging.getLogger("kwatermark.clock")
+
+CLOCK = "kwatermark_clock"
+PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+POLICY = "spark.sql.streaming.multipleWatermarkPolicy"
+# A union node in an analyzed plan's tree string: "~Union false, false" (~: streaming) after
+# the tree drawing.
+_UNION = re.compile(r"^[\s:+|~-]*Union\b", re.MULTILINE)
+
+
+def streams(frames: DataFrame | Sequence[DataFrame]) -> list[DataFrame]:
+    """One input or several, as a list."""
+    return [frames] if isinstance(frames, DataFrame) else list(frames)
+
+
+def check_heartbeat(df: DataFrame, who: str, error: type[KWatermarkError]) -> None:
+    """A ``format("kwatermark")`` stream with ``watermark.heartbeat`` on, or a clear error."""
+    columns = set(df.columns)
+    if "is_heartbeat" not in columns or "watermark" not in columns:
+        raise OptionError(
+            f"{who} needs a format('kwatermark') stream read with "
+            ".option('watermark.heartbeat', 'true') (it has no 'is_heartbeat' column): the "
+            "heartbeat micro-batches let the last results come out without a new record")
+    if not df.isStreaming:
+        raise error(f"{who} needs a streaming DataFrame (spark.readStream.format('kwatermark'))")
+
+
+def refuse_union(df: DataFrame, who: str, route: str, error: type[KWatermarkError]) -> None:
+    """Refuse a stream that is a union of several streams: one clock above a union follows
+    the fastest input, so results would come out before the slower input's rows arrive."""
+    plan = _analyzed_plan(df)
+    if plan is not None and _UNION.search(plan):
+        raise error(
+            f"{who} was given a union of streams: Spark's watermark above a union follows the "
+            f"fastest input, so results would come out before the slower input's rows. "
+            f"Pass the streams separately, {route}, or read the topics with one source "
+            f"(.option('subscribe', 'a,b')): each input then gets its own watermark and the "
+            f"lowest drives the operator")
+
+
+def _analyzed_plan(df: DataFrame) -> str | None:
+    """The analyzed logical plan as text; None where it cannot be had (Spark Connect)."""
+    try:
+        return df._jdf.queryExecution().analyzed().toString()
+    except Exception:  # noqa: BLE001 - Spark Connect has no JVM handle: nothing to inspect
+        return None
+
+
+def prepare_session(df: DataFrame, who: str, error: type[KWatermarkError]) -> None:
+    """transformWithState needs protobuf in the Python workers and the RocksDB state store;
+    several inputs need Spark's ``min`` watermark policy."""
+    try:
+        import google.protobuf  # noqa: F401
+    except ImportError:
+        raise error(f"{who} needs the 'protobuf' package (Spark's transformWithState talks "
+                    "to its state store with it): pip install protobuf") from None
+    conf = df.sparkSession.conf
+    provider = conf.get(PROVIDER, None)
+    if provider is None or provider.endswith("HDFSBackedStateStoreProvider"):
+        # Only new checkpoints take it: a restarted query keeps the provider it started with.
+        conf.set(PROVIDER, ROCKSDB)
+        log.info("set %s=%s (Spark's transformWithState needs it)", PROVIDER, ROCKSDB)
+    elif provider != ROCKSDB:
+        raise error(f"{who} needs {PROVIDER}={ROCKSDB} (transformWithState supports only "
+                    f"RocksDB); it is {provider}")
+
+
+def require_min_policy(df: DataFrame, who: str, error: type[KWatermarkError]) -> None:
+    """Several inputs are combined by Spark's ``multipleWatermarkPolicy``: it must be min."""
+    policy = df.sparkSession.conf.get(POLICY, "min")
+    if str(policy).lower() != "min":
+        raise error(f"{who} over several streams needs {POLICY}=min (the lowest input's "
+                    f"watermark drives the operator); it is {policy}")
+
+
+def clock_of(mark_ms: Column) -> Column:
+    """The clock column for a row whose watermark is ``mark_ms`` (epoch ms, null: none)."""
+    return F.timestamp_millis(F.coalesce(mark_ms, F.lit(0)) + 1)
+
+
+def follow_watermark(df: DataFrame, mark_ms: str) -> DataFrame:
+    """``df`` with Spark's watermark following its ``mark_ms`` column (epoch ms): the +1 ms
+    clock with a 1 ms delay (module docstring); the columns are unchanged."""
+    return (df.withColumn(CLOCK, clock_of(F.col(mark_ms)))
+            .withWatermark(CLOCK, "1 millisecond")
+            .drop(CLOCK))
+
+
+def follow_watermarks(frames: Sequence[DataFrame], mark_ms: str) -> DataFrame:
+    """Each input following its own watermark, then their union by name: Spark's ``min``
+    policy drives whatever is above by the lowest of them."""
+    driven = [follow_watermark(f, mark_ms) for f in frames]
+    union = driven[0]
+    for other in driven[1:]:
+        union = union.unionByName(other)
+    return union

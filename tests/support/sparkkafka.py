@@ -1,0 +1,250 @@
+"""Spark's own Kafka source (``format("kafka")``) as a baseline beside ``format("kwatermark")``.
+
+Spark's connector ``org.apache.spark:spark-sql-kafka-0-10_2.13`` must have Spark's own version,
+and Maven Central serves it only up to 4.2.0 (4.2.1 and 4.3.0 are missing there), while the
+project's venv runs PySpark 4.3. So the baseline runs in an interpreter of its own: a venv with
+``pyspark==BASELINE_PYSPARK`` and kwatermark installed editable from this repository, created
+on demand under ``~/.cache/kwatermark`` (pip's cache makes that about a minute once). Spark
+Kafka's jars are added the way Spark users add them: ``spark.jars.packages``, resolved by
+Spark's Ivy from Maven Central into the same cache (``spark.jars.ivy``).
+
+Use from a test or a benchmark (any interpreter)::
+
+    from tests.support.sparkkafka import run_baseline
+    result = run_baseline("tests/integration/dropin_child.py", {"bootstrap": "..."})
+
+and inside the child script (which runs under the baseline interpreter)::
+
+    from tests.support.sparkkafka import baseline_session, child_io
+    request, reply = child_io()          # the JSON request; reply(obj) writes the answer
+    spark = baseline_session("my-comparison")
+    ...
+    reply({"rows": ...})
+
+``python -m tests.support.sparkkafka`` prepares the venv and resolves the jars (``.ci/run``
+does, so a failure says so before any test runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+# The newest Spark whose spark-sql-kafka Maven Central serves (checked with
+# `mvn dependency:get`: 4.2.0 found, 4.2.1 and 4.3.0 missing). PyPI has pyspark 4.2.0 too, so
+# the baseline compares Spark's source and ours on one Spark version, as the issue requires.
+BASELINE_PYSPARK = "4.2.0"
+SPARK_KAFKA_VERSION = BASELINE_PYSPARK
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def cache_root() -> Path:
+    """Where the baseline venvs and Ivy's jars live (outside every work tree)."""
+    return Path(os.environ.get("KWATERMARK_CACHE", Path.home() / ".cache" / "kwatermark"))
+
+
+def kafka_package(version: str = SPARK_KAFKA_VERSION) -> str:
+    """The Maven coordinate Spark users put in ``spark.jars.packages``."""
+    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
+
+
+# Spark's default Ivy chain looks in ~/.m2 first and takes a module whose pom it finds
+# there, then fails when the jar beside it is missing (Maven leaves such poms behind, e.g.
+# the broker's resolution: "NOT FOUND lz4-java-1.11.0.jar ... local-m2-cache"). Resolving
+# from Maven Central alone, into Ivy's own cache, does not depend on what ~/.m2 holds.
+_IVY_SETTINGS = """<ivysettings>
+  <settings defaultResolver="central"/>
+  <resolvers>
+    <ibiblio name="central" m2compatible="true" root="https://repo1.maven.org/maven2/"/>
+  </resolvers>
+</ivysettings>
+"""
+
+
+def ivy_settings() -> Path:
+    """An Ivy settings file (``spark.jars.ivySettings``) that resolves from Maven Central."""
+    path = cache_root() / "ivysettings-central.xml"
+    if not path.exists() or path.read_text() != _IVY_SETTINGS:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}")
+        tmp.write_text(_IVY_SETTINGS)
+        os.replace(tmp, path)  # readers never see half a file
+    return path
+
+
+def spark_kafka_conf(version: str = SPARK_KAFKA_VERSION) -> dict[str, str]:
+    """Spark config that adds Spark's Kafka source: the package, resolved from Maven
+    Central into Ivy's cache under :func:`cache_root` (every run after the first is
+    offline)."""
+    return {"spark.jars.packages": kafka_package(version),
+            "spark.jars.ivySettings": str(ivy_settings()),
+            "spark.jars.ivy": str(cache_root() / "ivy")}
+
+
+def baseline_venv(pyspark_version: str = BASELINE_PYSPARK) -> Path:
+    # One venv per repository checkout: kwatermark is installed editable, so a venv shared
+    # by two work trees would run whichever tree installed it last.
+    tree = hashlib.sha256(str(REPO_ROOT).encode()).hexdigest()[:8]
+    return cache_root() / f"venv-pyspark-{pyspark_version}-{tree}"
+
+
+def _source_stamp() -> str:
+    """What an editable install depends on: the project metadata and the set of modules
+    (strict-mode editable installs link each module, so an added module needs a reinstall)."""
+    digest = hashlib.sha256((REPO_ROOT / "pyproject.toml").read_bytes())
+    for folder in ("connector", "serde", "discovery"):
+        for path in sorted((REPO_ROOT / folder).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(REPO_ROOT)).encode())
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two test runs or benches may prepare at once
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _run(cmd: list[str], what: str) -> None:
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed ({' '.join(cmd)}):\n{done.stdout[-2000:]}"
+                           f"{done.stderr[-4000:]}")
+
+
+def baseline_python(pyspark_version: str = BASELINE_PYSPARK) -> str:
+    """The interpreter of the baseline venv (pyspark ``pyspark_version`` + kwatermark from
+    this checkout), created or refreshed if needed. Safe to call from several processes."""
+    venv = baseline_venv(pyspark_version)
+    python = venv / "bin" / "python"
+    ready = venv / "kwatermark-ready"
+    stamp = _source_stamp()
+    if ready.exists() and ready.read_text() == stamp:
+        return str(python)
+    with _locked(venv.with_name(venv.name + ".lock")):
+        if ready.exists() and ready.read_text() == stamp:
+            return str(python)
+        if not ready.exists() and venv.exists():
+            shutil.rmtree(venv)  # a creation that died half-way
+        if not venv.exists():
+            _run([sys.executable, "-m", "venv", str(venv)], "creating the baseline venv")
+            _run([str(python), "-m", "pip", "install", "-q", f"pyspark=={pyspark_version}",
+                  "-e", str(REPO_ROOT)], f"installing pyspark=={pyspark_version} + kwatermark")
+        else:
+            ready.unlink()
+            _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e",
+                  str(REPO_ROOT)], "refreshing kwatermark in the baseline venv")
+        ready.write_text(stamp)
+    return str(python)
+
+
+def child_env(python: str) -> dict[str, str]:
+    """The environment a baseline child runs with: Spark's Python workers use the same
+    interpreter, the repository is importable (``tests.support``), timestamps are UTC."""
+    env = dict(os.environ)
+    env["PYSPARK_PYTHON"] = python
+    env["PYSPARK_DRIVER_PYTHON"] = python
+    env["TZ"] = "UTC"
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    env.pop("SPARK_HOME", None)  # the child's pyspark must use its own jars
+    return env
+
+
+def run_baseline(script: str | os.PathLike, request: Mapping[str, Any] | None = None,
+                 timeout: float = 1800, pyspark_version: str = BASELINE_PYSPARK,
+                 log_path: str | os.PathLike | None = None) -> Any:
+    """Run ``script`` under the baseline interpreter with ``request`` (JSON) and return the
+    JSON it replied with (:func:`child_io`). A failing child raises with its stderr's tail;
+    ``log_path`` keeps the child's stdout and stderr (else they are dropped on success)."""
+    python = baseline_python(pyspark_version)
+    with tempfile.TemporaryDirectory(prefix="kwatermark-baseline-") as tmp:
+        request_path = Path(tmp) / "request.json"
+        reply_path = Path(tmp) / "reply.json"
+        request_path.write_text(json.dumps(dict(request or {})))
+        log = Path(log_path) if log_path else Path(tmp) / "child.log"
+        with open(log, "w") as out:
+            done = subprocess.run([python, str(script), str(request_path), str(reply_path)],
+                                  check=False, stdout=out, stderr=subprocess.STDOUT,
+                                  env=child_env(python), cwd=str(REPO_ROOT), timeout=timeout)
+        if done.returncode != 0 or not reply_path.exists():
+            tail = log.read_text(errors="replace")[-6000:]
+            raise RuntimeError(f"baseline child {script} exited {done.returncode} without a "
+                               f"reply; its output ends:\n{tail}")
+        return json.loads(reply_path.read_text())
+
+
+def child_io() -> tuple[Any, Callable[[Any], None]]:
+    """In a child started by :func:`run_baseline`: the request, and the function that
+    writes the reply (call it once, with anything ``json.dumps`` takes)."""
+    request_path, reply_path = sys.argv[1], sys.argv[2]
+    with open(request_path) as f:
+        request = json.load(f)
+
+    def reply(obj: Any) -> None:
+        tmp = reply_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(obj, f, default=str)
+        os.replace(tmp, reply_path)  # a killed child leaves no half-written reply
+
+    return request, reply
+
+
+def baseline_session(app: str = "kwatermark-baseline", master: str = "local[2]",
+                     conf: Mapping[str, str] | None = None):
+    """A SparkSession with Spark's Kafka source on its classpath (``format("kafka")``) and
+    kwatermark discovered (``format("kwatermark")``), UTC, no UI. Extra ``conf`` wins."""
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.master(master).appName(app)
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.memory", "2g"))
+    for key, value in {**spark_kafka_conf(), **dict(conf or {})}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def prepare(pyspark_version: str = BASELINE_PYSPARK) -> str:
+    """Create the baseline venv and resolve Spark Kafka's jars (a session that starts and
+    stops); return a line saying what is ready. Raises with the reason when either fails."""
+    python = baseline_python(pyspark_version)
+    code = ("from tests.support.sparkkafka import baseline_session, kafka_package\n"
+            "s = baseline_session('kwatermark-baseline-prepare')\n"
+            "try:\n"
+            "    s.read.format('kafka').load()  # no topic: Kafka's own option check fails\n"
+            "except Exception as e:\n"
+            "    assert 'subscribe' in str(e), e  # not 'Failed to find data source: kafka'\n"
+            "print(s.version, kafka_package())\n"
+            "s.stop()\n")
+    done = subprocess.run([python, "-c", code], check=False, capture_output=True, text=True,
+                          env=child_env(python), cwd=str(REPO_ROOT), timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"Spark's Kafka source could not be prepared "
+                           f"({kafka_package()} through spark.jars.packages):\n"
+                           f"{done.stdout[-2000:]}{done.stderr[-4000:]}")
+    spark_version, package = done.stdout.split()[-2:]
+    return f"baseline: pyspark {spark_version} ({python}) with {package}"
+
+
+if __name__ == "__main__":
+    print(prepare())

@@ -1,0 +1,79 @@
+"""Errors as Spark shows them (issue 23): a KWatermarkError leaves kwatermark's Spark-facing
+methods with a one-frame traceback and no chained cause, so the text Spark builds from the
+traceback has the message right after its prefix; other exceptions keep their traceback."""
+
+from __future__ import annotations
+
+import traceback
+
+import pytest
+
+from kwatermark.errors import (
+    BrokerError,
+    DataLossError,
+    DecodeError,
+    KWatermarkError,
+    OptionError,
+    PluginError,
+)
+from kwatermark.offsets import OffsetFormatError
+from kwatermark.source import FULL_TRACEBACK_ENV, _cause_first, _cause_first_rows
+
+ERRORS = [OptionError, DataLossError, BrokerError, PluginError, DecodeError, OffsetFormatError]
+
+
+def deep(error: type[Exception], depth: int = 6) -> None:
+    if depth:
+        deep(error, depth - 1)
+        return
+    try:
+        raise KeyError("an internal cause")
+    except KeyError as cause:
+        raise error(f"{error.__name__}: topic t, partition 0") from cause
+
+
+def formatted(exc: BaseException) -> list[str]:
+    """What PySpark's worker writes for an exception: its traceback without the caller's
+    leading frames (Spark's own, there; this test's, here), then its message."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.TracebackException(type(exc), exc, tb, compact=True).format()
+                   ).splitlines()
+
+
+@pytest.mark.parametrize("error", ERRORS)
+def test_a_kwatermark_error_leaves_a_spark_facing_method_with_one_frame(error):
+    with pytest.raises(error) as info:
+        _cause_first(deep)(error)
+    lines = formatted(info.value)
+    assert len(lines) == 4   # "Traceback ...", the frame, its line, the message
+    assert lines[-1].endswith(f"{error.__name__}: topic t, partition 0")
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+@pytest.mark.parametrize("error", ERRORS)
+def test_so_does_one_raised_while_rows_are_read(error):
+    def rows():
+        yield 1
+        deep(error)
+
+    with pytest.raises(error) as info:
+        list(_cause_first_rows(rows()))
+    assert len(formatted(info.value)) == 4
+
+
+def test_other_exceptions_keep_their_whole_traceback():
+    """A user plugin's own exception: its frames are what the user needs."""
+    with pytest.raises(ZeroDivisionError) as info:
+        _cause_first(lambda: deep(ZeroDivisionError))()
+    assert not isinstance(info.value, KWatermarkError)
+    assert len(formatted(info.value)) > 10
+
+
+def test_the_full_traceback_stays_on_request(monkeypatch):
+    monkeypatch.setenv(FULL_TRACEBACK_ENV, "1")
+    with pytest.raises(OptionError) as info:
+        _cause_first(deep)(OptionError)
+    assert len(formatted(info.value)) > 10
+    assert isinstance(info.value.__cause__, KeyError)
