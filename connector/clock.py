@@ -130,17 +130,14 @@ def follow_watermarks(frames: Sequence[DataFrame], mark_ms: str) -> DataFrame:
     return union
 
 
-def reschedule(handle, timer: int | None, wake_up: int | None, watermark: int,
-               expired: int | None) -> int | None:
-    """Keep one event-time timer per key, for the first watermark (``wake_up``, None: none)
-    at which the key has something to do, and return its time. Spark fires a timer once its
-    watermark is *above* the timer's time, hence ``- 1``; never at or below the current
-    watermark, which would not fire again. The old timer is deleted unless Spark just fired
-    it (``expired``)."""
-    wanted = None if wake_up is None else max(wake_up, watermark + 1) - 1
-    if timer != wanted:
-        if timer is not None and timer != expired:
-            handle.deleteTimer(timer)
-        if wanted is not None:
-            handle.registerTimer(wanted)
-    return wanted
+def wake_at(handle, wake_up: int | None, watermark: int) -> None:
+    """Make sure the key is woken at the first watermark (``wake_up``, None: none) at which
+    it has something to do. Spark fires a timer once its watermark is *above* the timer's
+    time, hence ``- 1``; never at or below the current watermark, which would not fire again.
+    Earlier timers are left to fire: the processors' expiry is idempotent, and keeping no
+    timer bookkeeping in state leaves nothing to disagree with Spark's own timer list."""
+    if wake_up is None:
+        return
+    wanted = max(wake_up, watermark + 1) - 1
+    if wanted not in set(handle.listTimers()):
+        handle.registerTimer(wanted)
