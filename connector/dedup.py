@@ -126,7 +126,7 @@ class DedupProcessor(StatefulProcessor):
     def handleExpiredTimer(self, key: tuple, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[Row]:
         # A timer fires once Spark's watermark is above its time; the watermark handed to this
-        # call can lag that (the broker test lost one key's outer rows: its timer, we found, had
+        # call can lag that (the broker test lost one key's outer rows; what fits: its timer had
         # fired with the old watermark and been registered again at the same time, never to
         # fire again). The timer's own time + 1 is a watermark Spark has reached.
         watermark = max(timerValues.getCurrentWatermarkInMs(),
