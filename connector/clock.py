@@ -59,17 +59,19 @@ def check_heartbeat(df: DataFrame, who: str, error: type[KWatermarkError]) -> No
         raise error(f"{who} needs a streaming DataFrame (spark.readStream.format('kwatermark'))")
 
 
-def refuse_union(df: DataFrame, who: str, route: str, error: type[KWatermarkError]) -> None:
+def refuse_union(df: DataFrame, who: str, route: str | None,
+                 error: type[KWatermarkError]) -> None:
     """Refuse a stream that is a union of several streams: one clock above a union follows
-    the fastest input, so results would come out before the slower input's rows arrive."""
+    the fastest input, so results would come out before the slower input's rows arrive.
+    ``route``: the caller's own way to take several streams, if it has one."""
     plan = _analyzed_plan(df)
     if plan is not None and _UNION.search(plan):
+        instead = f"pass the streams as a list, {route}, or " if route else ""
         raise error(
             f"{who} was given a union of streams: Spark's watermark above a union follows the "
             f"fastest input, so results would come out before the slower input's rows. "
-            f"Pass the streams separately, {route}, or read the topics with one source "
-            f"(.option('subscribe', 'a,b')): each input then gets its own watermark and the "
-            f"lowest drives the operator")
+            f"Instead, {instead}read the topics with one source "
+            f"(.option('subscribe', 'a,b')): the lowest watermark then drives the operator")
 
 
 def _analyzed_plan(df: DataFrame) -> str | None:
@@ -128,3 +130,16 @@ def follow_watermarks(frames: Sequence[DataFrame], mark_ms: str) -> DataFrame:
     for other in driven[1:]:
         union = union.unionByName(other)
     return union
+
+
+def wake_at(handle, wake_up: int | None, watermark: int) -> None:
+    """Make sure the key is woken at the first watermark (``wake_up``, None: none) at which
+    it has something to do. Spark fires a timer once its watermark is *above* the timer's
+    time, hence ``- 1``; never at or below the current watermark, which would not fire again.
+    Earlier timers are left to fire: the processors' expiry is idempotent, and keeping no
+    timer bookkeeping in state leaves nothing to disagree with Spark's own timer list."""
+    if wake_up is None:
+        return
+    wanted = max(wake_up, watermark + 1) - 1
+    if wanted not in set(handle.listTimers()):
+        handle.registerTimer(wanted)

@@ -104,8 +104,13 @@ def runtime_classpath() -> str:
 
 
 def cluster_id() -> str:
-    """A KRaft cluster id: a random UUID, URL-safe base64 without padding (22 chars)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A KRaft cluster id: a random UUID, URL-safe base64 without padding (22 chars), never
+    starting with "-" (the storage tool would read it as an option: "--cluster-id expected
+    one argument", one start in 64; Kafka's own Uuid.randomUuid() redraws those too)."""
+    while True:
+        found = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not found.startswith("-"):
+            return found
 
 
 def server_properties(port: int, controller_port: int, data_dir: str,

@@ -543,3 +543,384 @@ def partials(spec: WindowSpec, starts: Sequence, late: Sequence[bool],
             per_agg.append(list(value))
     return Partials([None if s is None else int(s) for s in starts], [bool(x) for x in late],
                     [list(acc) for acc in zip(*per_agg)] if per_agg else [[] for _ in starts])
+
+
+# -- a bucket of keys' fixed windows, stored window by window ---------------------------------
+#
+# The shell keeps many keys under one Spark grouping key (a bucket). Storing every key's windows
+# as one value made each micro-batch rewrite the whole bucket: cost quadratic in keys. Here a
+# bucket's state is a small index plus chunks, each chunk one window's partials for some keys,
+# so a micro-batch writes what it touched and reads only the windows it must emit or update.
+# A window's slot for a key is the merge of its entries over the window's chunks: the chunk
+# written when the window last fired (every key in it emitted, nothing pending) and the chunks
+# of partials added since (pending, not emitted unless the fired chunk has the key).
+
+
+@dataclass
+class WindowEntry:
+    """Where one window's slots are: ``fired``, the chunk of every key's accumulator as of
+    the window's last firing; ``deltas``, the chunks of partials added since."""
+
+    fired: int | None = None
+    deltas: list[int] = field(default_factory=list)
+
+    def __reduce__(self):
+        return (WindowEntry, (self.fired, self.deltas))
+
+
+@dataclass
+class WindowIndex:
+    """A bucket's windows (``(start, end)`` -> entry), the next chunk id and the bucket's
+    event-time timer (None: none registered)."""
+
+    windows: dict[tuple[int, int], WindowEntry] = field(default_factory=dict)
+    next_chunk: int = 0
+    timer: int | None = None
+
+    def __reduce__(self):
+        return (WindowIndex, (self.windows, self.next_chunk, self.timer))
+
+    def wake_up(self, spec: WindowSpec, watermark: int) -> int | None:
+        """The first watermark above ``watermark`` at which :meth:`BucketWindows.fire` has
+        something to do: a window with pending partials completes, or a window's lateness
+        ends."""
+        marks = [end - 1 + spec.lateness_ms for _, end in self.windows]
+        marks += [end - 1 for (_, end), entry in self.windows.items() if entry.deltas]
+        return min((m for m in marks if m > watermark), default=None)
+
+
+class ChunkStore:
+    """Where :class:`BucketWindows` keeps chunks (a chunk: parallel lists of keys and
+    accumulators). A dict here; the shell passes one backed by Spark's state store."""
+
+    def __init__(self):
+        self.chunks: dict[int, tuple[list, list]] = {}
+
+    def get(self, chunk: int) -> tuple[list, list]:
+        return self.chunks[chunk]
+
+    def put(self, chunk: int, keys: list, accs: list) -> None:
+        self.chunks[chunk] = (keys, accs)
+
+    def remove(self, chunk: int) -> None:
+        del self.chunks[chunk]
+
+
+class BucketWindows:
+    """Fixed windows of a bucket of keys over a :class:`WindowIndex` and a chunk store: for
+    every key, the same emissions as that key's :class:`KeyWindows` (per key and window in
+    the same order), at a cost set by what a micro-batch touches:
+
+    * partials for a window the watermark has not completed are appended as one chunk,
+      nothing read;
+    * a window the watermark completed (with pending partials, or touched by allowed-late
+      ones) is read, emitted and, while its lateness lasts, written back as one chunk;
+    * a window past its lateness with nothing pending is dropped without being read.
+    """
+
+    def __init__(self, index: WindowIndex, store: ChunkStore):
+        self.index = index
+        self.store = store
+
+    def apply_partials(self, spec: WindowSpec, keys: Sequence[tuple], partials: Partials,
+                       watermark: int) -> list[tuple[tuple, Emission]]:
+        """:meth:`KeyWindows.apply_partials` for every key at once: ``keys[i]`` is the key of
+        partial ``i``. Returns (key, emission) pairs."""
+        out = self.fire(spec, watermark)
+        length = spec.assigner.length_ms
+        fresh: dict[tuple[int, int], tuple[list, list]] = {}
+        late: dict[tuple, list] = {}
+        for key, start, is_late, acc in zip(keys, partials.starts, partials.late,
+                                            partials.accs):
+            if is_late:
+                window = (None, None) if start is None else (start, start + length)
+                at = (key, window)
+                late[at] = spec.merge(late[at], acc) if at in late else acc
+            else:
+                chunk = fresh.get((start, start + length))
+                if chunk is None:
+                    fresh[(start, start + length)] = ([key], [acc])
+                else:
+                    chunk[0].append(key)
+                    chunk[1].append(acc)
+        for window in sorted(fresh):
+            added_keys, added = fresh[window]
+            if window[1] - 1 > watermark:
+                entry = self.index.windows.setdefault(window, WindowEntry())
+                entry.deltas.append(self._put(added_keys, added))
+            else:
+                out += self._fold(spec, window, watermark, added_keys, added)
+        order = sorted(late, key=lambda at: (at[1][0] is not None, at[1][0] or 0))
+        return out + [(key, Emission(LATE, *window, spec.results(late[(key, window)])))
+                      for key, window in order]
+
+    def fire(self, spec: WindowSpec, watermark: int) -> list[tuple[tuple, Emission]]:
+        """:meth:`KeyWindows.fire` for every key: emit the windows the watermark completed
+        that have pending partials; drop the ones past their lateness."""
+        out = []
+        for window in sorted(self.index.windows):
+            entry = self.index.windows[window]
+            if window[1] - 1 > watermark:
+                continue
+            if entry.deltas:
+                out += self._fold(spec, window, watermark, [], [])
+            elif window[1] - 1 + spec.lateness_ms <= watermark:
+                self._drop(window)
+        return out
+
+    def _fold(self, spec: WindowSpec, window: tuple[int, int], watermark: int,
+              added_keys: list, added: list) -> list[tuple[tuple, Emission]]:
+        """A completed window read, fired, given ``added`` (KeyWindows' fire, add, fire) and
+        written back as one chunk or dropped."""
+        entry = self.index.windows.get(window)
+        if entry is not None and entry.fired is None and not added_keys:
+            return self._first_firing(spec, window, watermark, entry)
+        slots: dict[tuple, Slot] = {}
+        if entry is not None:
+            if entry.fired is not None:
+                for key, acc in zip(*self.store.get(entry.fired)):
+                    slots[key] = Slot(acc, emitted=True, pending=False)
+            for chunk in entry.deltas:
+                for key, acc in zip(*self.store.get(chunk)):
+                    _add_slot(spec, slots, key, acc)
+        out = _fire_slots(spec, window, slots, watermark)
+        if window[1] - 1 + spec.lateness_ms <= watermark:
+            slots = {}
+        for key, acc in zip(added_keys, added):
+            _add_slot(spec, slots, key, acc)
+        out += _fire_slots(spec, window, slots, watermark)
+        if window[1] - 1 + spec.lateness_ms <= watermark:
+            slots = {}
+        if entry is not None:
+            self._drop(window)
+        if slots:
+            # Every slot is emitted and nothing is pending after a fire at a watermark past
+            # the window's end.
+            self.index.windows[window] = WindowEntry(self._put(list(slots),
+                                                               [s.acc for s in slots.values()]))
+        return out
+
+    def _first_firing(self, spec: WindowSpec, window: tuple[int, int], watermark: int,
+                      entry: WindowEntry) -> list[tuple[tuple, Emission]]:
+        """:meth:`_fold` of a window never fired, nothing added: every key's ``final``
+        (the common case, without a slot per key)."""
+        accs: dict[tuple, list] = {}
+        for chunk in entry.deltas:
+            for key, acc in zip(*self.store.get(chunk)):
+                known = accs.get(key)
+                accs[key] = acc if known is None else spec.merge(known, acc)
+        self._drop(window)
+        if window[1] - 1 + spec.lateness_ms > watermark:
+            self.index.windows[window] = WindowEntry(self._put(list(accs), list(accs.values())))
+        return [(key, Emission(FINAL, *window, spec.results(acc))) for key, acc in accs.items()]
+
+    def _put(self, keys: list, accs: list) -> int:
+        chunk = self.index.next_chunk
+        self.index.next_chunk += 1
+        self.store.put(chunk, keys, accs)
+        return chunk
+
+    def _drop(self, window: tuple[int, int]) -> None:
+        entry = self.index.windows.pop(window)
+        for chunk in ([] if entry.fired is None else [entry.fired]) + entry.deltas:
+            self.store.remove(chunk)
+
+
+def _add_slot(spec: WindowSpec, slots: dict, key: tuple, acc: list) -> None:
+    slot = slots.get(key)
+    if slot is None:
+        slots[key] = Slot(list(acc))
+    else:
+        slot.acc = spec.merge(slot.acc, acc)
+        slot.pending = True
+
+
+def _fire_slots(spec: WindowSpec, window: tuple[int, int], slots: dict, watermark: int
+                ) -> list[tuple[tuple, Emission]]:
+    if window[1] - 1 > watermark:
+        return []
+    out = []
+    for key, slot in slots.items():
+        if slot.pending:
+            out.append((key, Emission(UPDATE if slot.emitted else FINAL, *window,
+                                      spec.results(slot.acc))))
+            slot.emitted, slot.pending = True, False
+    return out
+
+
+def index_of_key_windows(spec: WindowSpec, keys: dict[tuple, dict], store: ChunkStore,
+                         timer: int | None) -> WindowIndex:
+    """A bucket stored the first way (every key's :class:`KeyWindows` slots in one value)
+    moved into ``store``: how a checkpoint written before the window-by-window layout goes
+    on."""
+    index = WindowIndex(timer=timer)
+    by_window: dict[tuple[int, int], tuple[dict, dict]] = {}
+    for key, slots in keys.items():
+        for window, slot in slots.items():
+            fired, pending = by_window.setdefault(window, ({}, {}))
+            if slot.emitted:
+                fired[key] = slot.acc
+                if slot.pending:   # emitted, then changed: the change as a zero partial
+                    pending[key] = spec.zero()
+            else:
+                pending[key] = slot.acc
+    bucket = BucketWindows(index, store)
+    for window in sorted(by_window):
+        fired, pending = by_window[window]
+        entry = index.windows[window] = WindowEntry()
+        if fired:
+            entry.fired = bucket._put(list(fired), list(fired.values()))
+        if pending:
+            entry.deltas.append(bucket._put(list(pending), list(pending.values())))
+    return index
+
+
+def row_partials(spec: WindowSpec, rows: Rows) -> Partials:
+    """One key's records as partials, per window and lateness (fixed windows): what
+    :func:`combine` gives for columns Arrow cannot group (lists, maps, structs)."""
+    starts, late, accs = [], [], []
+    known = rows.times != NO_WATERMARK if len(rows) else np.zeros(0, dtype=bool)
+    if (~known).any():
+        starts.append(None)
+        late.append(True)
+        accs.append(spec.partial(rows.columns, rows.times, np.flatnonzero(~known)))
+    placed = np.flatnonzero(known)
+    index, window_starts = spec.assigner.assign(rows.times[placed])
+    index = placed[index]
+    is_late = window_starts + spec.assigner.length_ms - 1 + spec.lateness_ms <= \
+        rows.watermarks[index]
+    for flag in (False, True):
+        chosen = is_late == flag
+        if not chosen.any():
+            continue
+        windows, inverse = np.unique(window_starts[chosen], return_inverse=True)
+        picked = index[chosen]
+        order = np.argsort(inverse, kind="stable")
+        bounds = np.searchsorted(inverse[order], np.arange(len(windows) + 1))
+        for w, start in enumerate(windows.tolist()):
+            starts.append(int(start))
+            late.append(flag)
+            accs.append(spec.partial(rows.columns, rows.times,
+                                     picked[order[bounds[w]:bounds[w + 1]]]))
+    return Partials(starts, late, accs)
+
+
+# -- a bucket of keys' sessions, stored key by key --------------------------------------------
+#
+# A session's window depends on its key's other sessions, so sessions are stored per key (a
+# key's KeyWindows slots in a map state keyed by the key). What the timer needs is which keys
+# have something due: the keys a micro-batch left with sessions go into "wake" chunks, grouped
+# by when they next need firing (one chunk per gap-wide span of wake-up times), and the index
+# keeps each chunk's earliest wake-up. A key names the chunk that last listed it (its home), so
+# an older listing of it is skipped when its chunk is read.
+
+
+@dataclass
+class SessionIndex:
+    """A bucket's wake chunks (chunk id -> earliest wake-up of its keys), the next chunk id
+    and the bucket's event-time timer (None: none registered)."""
+
+    wakes: dict[int, int] = field(default_factory=dict)
+    next_chunk: int = 0
+    timer: int | None = None
+
+    def __reduce__(self):
+        return (SessionIndex, (self.wakes, self.next_chunk, self.timer))
+
+    def wake_up(self, watermark: int) -> int | None:
+        return min((m for m in self.wakes.values() if m > watermark), default=None)
+
+
+class KeyStore:
+    """Where :class:`BucketSessions` keeps each key's slots and home chunk, and the wake
+    chunks' key lists. Dicts here; the shell passes map states."""
+
+    def __init__(self):
+        self.keys: dict[tuple, tuple[dict, int]] = {}
+        self.wakes: dict[int, list] = {}
+
+    def get(self, key: tuple) -> tuple[dict, int] | None:
+        return self.keys.get(key)
+
+    def put(self, key: tuple, slots: dict, home: int) -> None:
+        self.keys[key] = (slots, home)
+
+    def remove(self, key: tuple) -> None:
+        del self.keys[key]
+
+    def get_wake(self, chunk: int) -> list:
+        return self.wakes.pop(chunk)
+
+    def put_wake(self, chunk: int, keys: list) -> None:
+        self.wakes[chunk] = keys
+
+
+class BucketSessions:
+    """Session windows of a bucket of keys: each key's :class:`KeyWindows`, read and written
+    only when the key has records in the micro-batch or something due at the watermark."""
+
+    def __init__(self, index: SessionIndex, store: KeyStore):
+        self.index = index
+        self.store = store
+
+    def apply(self, spec: WindowSpec, groups: Sequence[tuple[tuple, Rows]], watermark: int
+              ) -> list[tuple[tuple, Emission]]:
+        """:meth:`KeyWindows.apply` for each (key, rows) of the micro-batch, after firing what
+        is due (the shell moves the bucket's timer past the watermark)."""
+        out, kept = self.fire(spec, watermark), []
+        for key, rows in groups:
+            stored = self.store.get(key)
+            windows = KeyWindows({} if stored is None else stored[0])
+            out += [(key, e) for e in windows.apply(spec, rows, watermark)]
+            kept.append((key, windows, stored is not None))
+        self._home(spec, kept, watermark)
+        return out
+
+    def fire(self, spec: WindowSpec, watermark: int) -> list[tuple[tuple, Emission]]:
+        """:meth:`KeyWindows.fire` for every key listed in a wake chunk that is due."""
+        out, kept = [], []
+        for chunk in sorted(c for c, m in self.index.wakes.items() if m <= watermark):
+            del self.index.wakes[chunk]
+            for key in self.store.get_wake(chunk):
+                stored = self.store.get(key)
+                if stored is None or stored[1] != chunk:
+                    continue            # listed again since, or gone
+                windows = KeyWindows(stored[0])
+                out += [(key, e) for e in windows.fire(spec, watermark)]
+                kept.append((key, windows, True))
+        self._home(spec, kept, watermark)
+        return out
+
+    def _home(self, spec: WindowSpec, kept: list[tuple[tuple, KeyWindows, bool]],
+              watermark: int) -> None:
+        """Store the keys' windows (``kept``: key, windows, whether stored before) and list
+        each key that has any in the wake chunk of its next wake-up's span."""
+        span = spec.assigner.gap_ms
+        chunks: dict[int, tuple[int, list]] = {}
+        for key, windows, stored in kept:
+            if not windows.slots:
+                if stored:
+                    self.store.remove(key)
+                continue
+            wake = min(m for m in windows.wake_ups(spec) if m > watermark)
+            slot = chunks.get(wake // span)
+            if slot is None:
+                slot = chunks[wake // span] = (self.index.next_chunk, [])
+                self.index.next_chunk += 1
+                self.index.wakes[slot[0]] = wake
+            else:
+                self.index.wakes[slot[0]] = min(self.index.wakes[slot[0]], wake)
+            slot[1].append(key)
+            self.store.put(key, windows.slots, slot[0])
+        for chunk, keys in chunks.values():
+            self.store.put_wake(chunk, keys)
+
+
+def index_of_key_sessions(spec: WindowSpec, keys: dict[tuple, dict], store: KeyStore,
+                          timer: int | None) -> SessionIndex:
+    """A bucket of sessions stored the first way (every key's slots in one value) moved into
+    ``store``."""
+    index = SessionIndex(timer=timer)
+    BucketSessions(index, store)._home(
+        spec, [(key, KeyWindows(slots), False) for key, slots in keys.items()], NO_WATERMARK)
+    return index

@@ -70,17 +70,26 @@ from kwatermark.windowing import (
     START,
     Agg,
     Assigner,
+    BucketSessions,
+    BucketWindows,
+    ChunkStore,
     Emission,
-    KeyWindows,
+    KeyStore,
+    Partials,
     Rows,
     Session,
+    SessionIndex,
     Sliding,
     Tumbling,
     WindowError,
+    WindowIndex,
     WindowSpec,
     accumulator_columns,
     combine,
+    index_of_key_sessions,
+    index_of_key_windows,
     partials,
+    row_partials,
 )
 
 log = logging.getLogger("kwatermark.windows")
@@ -176,7 +185,8 @@ def aggregate(df: DataFrame | Sequence[DataFrame], windows: Assigner, by: Sequen
         prepared = [p.mapInArrow(Combiner(spec, [_BUCKET, *by, "is_heartbeat"], combined),
                                  combined) for p in prepared]
     output = _output_schema(schema, by, spec)
-    processor = WindowProcessor(spec, by, inputs, combined)
+    processor = SessionProcessor(spec, by, inputs) if spec.assigner.merging else \
+        WindowProcessor(spec, by, inputs, combined)
     return (follow_watermarks(prepared, _MARK)
             .groupBy(_BUCKET)
             .transformWithStateInPandas(processor, output, "Append", "EventTime"))
@@ -290,10 +300,19 @@ def _result_type(function: str, source: DataType | None) -> DataType:
     return source
 
 
+# The state layout, recorded in every bucket's index: a checkpoint whose buckets say another
+# layout fails at once instead of being misread.
+LAYOUT = 2
+_LEGACY = "windows"               # layout 1: every key's windows of a bucket in one value
+
+
 class WindowProcessor(StatefulProcessor):
-    """The thin shell. Spark groups by a bucket of keys; per bucket, one value state holds
-    every key's :class:`KeyWindows` slots (pickled) and one event-time timer wakes the bucket
-    at the first watermark at which any of its keys has something to emit or forget."""
+    """The thin shell for tumbling and sliding windows. Spark groups by a bucket of keys; a
+    bucket's windows are a :class:`kwatermark.windowing.WindowIndex` (one small value: each
+    open window's chunks, the bucket's one timer) and chunks in a map state, one window's
+    partials for some keys each (:class:`kwatermark.windowing.BucketWindows` decides what is
+    read, written and emitted). One event-time timer per bucket wakes it at the first
+    watermark at which a window completes or its lateness ends."""
 
     def __init__(self, spec: WindowSpec, by: list[str], inputs: list[str],
                  combined: StructType | None = None):
@@ -309,111 +328,262 @@ class WindowProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self._profile = _start_profile()
-        self.state = handle.getValueState(
-            "windows", StructType([StructField("slots", BinaryType(), True)]))
+        self.index = handle.getValueState("window_index", _INDEX_SCHEMA)
+        self.store = _MapChunks(handle.getMapState(
+            "window_chunks", StructType([StructField("chunk", LongType(), True)]),
+            StructType([StructField("data", BinaryType(), True)])))
+        # Declared so that a checkpoint of layout 1 is read (and moved) rather than refused.
+        self.legacy = handle.getValueState(_LEGACY, _LEGACY_SCHEMA)
 
     def handleInputRows(self, key: tuple, rows: Iterator[pd.DataFrame],
                         timerValues: TimerValues) -> Iterator[pd.DataFrame]:
-        frames = [f for f in rows if len(f)]
-        batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else \
-            (frames[0] if frames else None)
-        if batch is not None:
-            beats = batch["is_heartbeat"].to_numpy() == True  # null-safe: a null flag is a record
-            if beats.any():
-                batch = batch[~beats].reset_index(drop=True)
-        if batch is None or batch.empty:
+        batch = _records(rows)
+        if batch is None:
             return
         watermark = timerValues.getCurrentWatermarkInMs()
-        keys, timer = self._load()
-        if self.combined is None:
-            every, fold = _rows(batch, self.inputs), KeyWindows.apply
-        else:
-            every, fold = _partials(batch, self.spec, self.combined), KeyWindows.apply_partials
-        out = []
-        for user_key, index in _key_groups(batch, self.by):
-            windows = KeyWindows(keys.get(user_key, {}))
-            emissions = fold(windows, self.spec, every.take(index), watermark)
-            if windows.slots:
-                keys[user_key] = windows.slots
-            else:
-                keys.pop(user_key, None)
-            if emissions:
-                out.append((user_key, emissions))
-        self._save(keys, timer, watermark, expired=None)
+        keys, partials = self._partials(batch)
+        bucket = BucketWindows(self._load(), self.store)
+        out = bucket.apply_partials(self.spec, keys, partials, watermark)
+        _save(self, bucket.index, bucket.index.wake_up(self.spec, watermark), watermark, expired=None)
         if out:
-            yield self._frame(out)
+            yield _frame(self.by, self.spec, out)
 
     def handleExpiredTimer(self, key: tuple, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
         watermark = timerValues.getCurrentWatermarkInMs()
-        keys, timer = self._load()
-        out, changed = [], False
-        for user_key in list(keys):
-            windows = KeyWindows(keys[user_key])
-            before = len(windows.slots)
-            emissions = windows.fire(self.spec, watermark)
-            if emissions:
-                out.append((user_key, emissions))
-            if emissions or len(windows.slots) != before:
-                changed = True
-            if not windows.slots:
-                del keys[user_key]
-        if changed or timer is None or timer <= watermark:
-            self._save(keys, timer, watermark, expired=expiredTimerInfo.getExpiryTimeInMs())
+        bucket = BucketWindows(self._load(), self.store)
+        out = bucket.fire(self.spec, watermark)
+        _save(self, bucket.index, bucket.index.wake_up(self.spec, watermark), watermark,
+              expired=expiredTimerInfo.getExpiryTimeInMs())
         if out:
-            yield self._frame(out)
+            yield _frame(self.by, self.spec, out)
 
     def close(self) -> None:
-        if self._profile is not None:
-            self._profile.disable()
-            self._profile.dump_stats(os.path.join(os.environ[PROFILE_ENV],
-                                                  f"{os.getpid()}-{id(self):x}.prof"))
+        _stop_profile(self._profile, self)
 
-    def _load(self) -> tuple[dict, int | None]:
-        """The bucket's keys (key tuple -> window slots) and its one timer (None: none)."""
-        stored = self.state.get()
-        if not stored:
-            return {}, None
-        return pickle.loads(stored[0])
+    def _partials(self, batch: pd.DataFrame) -> tuple[list[tuple], Partials]:
+        """Every row's key and the batch as partials (Combiner's rows, or records combined
+        here per key when Combiner could not run)."""
+        if self.combined is not None:
+            return _row_keys(batch, self.by), _partials(batch, self.spec, self.combined)
+        every = _rows(batch, self.inputs)
+        keys, starts, late, accs = [], [], [], []
+        for user_key, index in _key_groups(batch, self.by):
+            part = row_partials(self.spec, every.take(index))
+            keys += [user_key] * len(part.starts)
+            starts += part.starts
+            late += part.late
+            accs += part.accs
+        return keys, Partials(starts, late, accs)
 
-    def _save(self, keys: dict, timer: int | None, watermark: int, expired: int | None
-              ) -> None:
-        """Store the keys and keep one timer per bucket, at the first watermark above the
-        current one at which ``fire`` has something to do for any key.
+    def _load(self) -> WindowIndex:
+        index = _load_index(self.index)
+        if index is not None:
+            return index
+        legacy = self.legacy.get()
+        if not legacy:
+            return WindowIndex()
+        # Layout 1 (before the window-by-window state): moved once, bucket by bucket, as the
+        # buckets are next touched; the bucket's timer is kept.
+        keys, timer = pickle.loads(legacy[0])
+        self.legacy.clear()
+        return index_of_key_windows(self.spec, keys, self.store, timer)
 
-        Spark fires an event-time timer in the first micro-batch whose watermark is at or
-        above the timer's time (measured: a timer at ``t`` fires at watermark ``t``), after
-        the batch's input rows. So the timer goes at that watermark itself, never below it: a
-        timer one below fired with nothing due yet, its successor was the very timer Spark
-        deletes once ``handleExpiredTimer`` returns (``expired``), and the bucket was left
-        with no timer, its windows never emitted. An earlier timer that is still ahead is
-        superseded and deleted; one at or below the current watermark is due in this batch
-        and is left to fire: the input rows fired only their own keys' windows, it fires the
-        other keys' (``handleExpiredTimer`` fires every key of the bucket)."""
-        wanted = min((m for slots in keys.values() for m in KeyWindows(slots).wake_ups(self.spec)
-                      if m > watermark), default=None)
-        if timer != wanted:
-            if timer is not None and timer != expired and timer > watermark:
-                self.handle.deleteTimer(timer)
-            if wanted is not None:
-                self.handle.registerTimer(wanted)
-        if not keys:
-            self.state.clear()
+
+_LEGACY_SCHEMA = StructType([StructField("slots", BinaryType(), True)])
+_INDEX_SCHEMA = StructType([StructField("layout", IntegerType(), True),
+                            StructField("index", BinaryType(), True)])
+
+
+class _MapChunks(ChunkStore):
+    """Chunks in a ``MapState`` (chunk id -> pickled keys and accumulators)."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def get(self, chunk: int) -> tuple[list, list]:
+        return pickle.loads(self.state.getValue((chunk,))[0])
+
+    def put(self, chunk: int, keys: list, accs: list) -> None:
+        self.state.updateValue((chunk,), (pickle.dumps((keys, accs), protocol=5),))
+
+    def remove(self, chunk: int) -> None:
+        self.state.removeKey((chunk,))
+
+
+class SessionProcessor(StatefulProcessor):
+    """The thin shell for session windows (a session's window depends on its key's others):
+    per bucket, a :class:`kwatermark.windowing.SessionIndex` (one small value), each key's
+    :class:`KeyWindows` in a map state keyed by the key, and wake chunks listing the keys by
+    when they next need firing (:class:`kwatermark.windowing.BucketSessions`)."""
+
+    def __init__(self, spec: WindowSpec, by: list[str], inputs: list[str]):
+        self.spec = spec
+        self.by = by
+        self.inputs = inputs
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self._profile = _start_profile()
+        self.index = handle.getValueState("session_index", _INDEX_SCHEMA)
+        binary = StructType([StructField("data", BinaryType(), True)])
+        self.store = _MapKeys(
+            handle.getMapState("session_keys",
+                               StructType([StructField("key", BinaryType(), True)]), binary),
+            handle.getMapState("session_wakes",
+                               StructType([StructField("chunk", LongType(), True)]), binary))
+        self.legacy = handle.getValueState(_LEGACY, _LEGACY_SCHEMA)
+
+    def handleInputRows(self, key: tuple, rows: Iterator[pd.DataFrame],
+                        timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+        batch = _records(rows)
+        if batch is None:
             return
-        self.state.update((pickle.dumps((keys, wanted), protocol=5),))
+        watermark = timerValues.getCurrentWatermarkInMs()
+        every = _rows(batch, self.inputs)
+        bucket = BucketSessions(self._load(), self.store)
+        out = bucket.apply(self.spec, [(user_key, every.take(index))
+                                       for user_key, index in _key_groups(batch, self.by)],
+                           watermark)
+        _save(self, bucket.index, bucket.index.wake_up(watermark), watermark, expired=None)
+        if out:
+            yield _frame(self.by, self.spec, out)
 
-    def _frame(self, out: list[tuple[tuple, list[Emission]]]) -> pd.DataFrame:
-        # Built column by column in the output's order: a `columns=` argument would make
-        # pandas reindex, which costs more than building the frame.
-        emissions = [e for _, es in out for e in es]
-        data: dict[str, object] = {
-            c: [k[i] for k, es in out for _ in es] for i, c in enumerate(self.by)}
-        data["window_start"] = _instants([e.start for e in emissions])
-        data["window_end"] = _instants([e.end for e in emissions])
-        for i, agg in enumerate(self.spec.aggs):
-            data[agg.name] = [e.values[i] for e in emissions]
-        data["kind"] = [e.kind for e in emissions]
-        return pd.DataFrame(data, copy=False)
+    def handleExpiredTimer(self, key: tuple, timerValues: TimerValues,
+                           expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
+        watermark = timerValues.getCurrentWatermarkInMs()
+        bucket = BucketSessions(self._load(), self.store)
+        out = bucket.fire(self.spec, watermark)
+        _save(self, bucket.index, bucket.index.wake_up(watermark), watermark,
+              expired=expiredTimerInfo.getExpiryTimeInMs())
+        if out:
+            yield _frame(self.by, self.spec, out)
+
+    def close(self) -> None:
+        _stop_profile(self._profile, self)
+
+    def _load(self) -> SessionIndex:
+        index = _load_index(self.index)
+        if index is not None:
+            return index
+        legacy = self.legacy.get()
+        if not legacy:
+            return SessionIndex()
+        keys, timer = pickle.loads(legacy[0])
+        self.legacy.clear()
+        return index_of_key_sessions(self.spec, keys, self.store, timer)
+
+
+class _MapKeys(KeyStore):
+    """Each key's slots and home chunk, and the wake chunks, in two ``MapState``s."""
+
+    def __init__(self, keys, wakes):
+        self.key_state = keys
+        self.wake_state = wakes
+
+    def get(self, key: tuple) -> tuple[dict, int] | None:
+        stored = self.key_state.getValue((pickle.dumps(key, protocol=5),))
+        return None if stored is None else pickle.loads(stored[0])
+
+    def put(self, key: tuple, slots: dict, home: int) -> None:
+        self.key_state.updateValue((pickle.dumps(key, protocol=5),),
+                                   (pickle.dumps((slots, home), protocol=5),))
+
+    def remove(self, key: tuple) -> None:
+        self.key_state.removeKey((pickle.dumps(key, protocol=5),))
+
+    def get_wake(self, chunk: int) -> list:
+        keys = pickle.loads(self.wake_state.getValue((chunk,))[0])
+        self.wake_state.removeKey((chunk,))
+        return keys
+
+    def put_wake(self, chunk: int, keys: list) -> None:
+        self.wake_state.updateValue((chunk,), (pickle.dumps(keys, protocol=5),))
+
+
+def _load_index(state) -> WindowIndex | SessionIndex | None:
+    stored = state.get()
+    if not stored:
+        return None
+    layout, data = stored
+    if layout != LAYOUT:
+        raise WindowError(
+            f"this checkpoint's window state has layout {layout}; this kwatermark reads "
+            f"layout {LAYOUT} (and moves layout 1 on): run the kwatermark version that wrote "
+            f"the checkpoint, or start on a new checkpoint")
+    return pickle.loads(data)
+
+
+def _save(processor, index: WindowIndex | SessionIndex, first: int | None, watermark: int,
+          expired: int | None) -> None:
+    """Store a bucket's index and keep its one timer at ``first``, the first watermark above
+    the current one at which ``fire`` has something to do.
+
+    Spark fires an event-time timer in the first micro-batch whose watermark is at or above
+    the timer's time (measured: a timer at ``t`` fires at watermark ``t``), after the batch's
+    input rows. So the timer goes at ``first`` itself. One 1 ms below (as before) could be at
+    the current watermark: it fired with nothing due, its successor was the very timer Spark
+    deletes as ``handleExpiredTimer`` returns (``expired``), and the bucket was left with no
+    timer, its windows never emitted. An earlier timer still ahead of the watermark is
+    superseded and deleted; one at or below it is due in this batch and is left to fire: the
+    input rows fire only the windows they touch, the timer fires the bucket's others."""
+    wanted = first
+    if index.timer != wanted:
+        if index.timer is not None and index.timer != expired and index.timer > watermark:
+            processor.handle.deleteTimer(index.timer)
+        if wanted is not None:
+            processor.handle.registerTimer(wanted)
+        index.timer = wanted
+    if wanted is None:
+        processor.index.clear()
+        return
+    processor.index.update((LAYOUT, pickle.dumps(index, protocol=5)))
+
+
+def _records(rows: Iterator[pd.DataFrame]) -> pd.DataFrame | None:
+    """A bucket's rows of the batch without the heartbeat rows (None: nothing left)."""
+    frames = [f for f in rows if len(f)]
+    batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else \
+        (frames[0] if frames else None)
+    if batch is not None:
+        beats = batch["is_heartbeat"].to_numpy() == True  # null-safe: a null flag is a record
+        if beats.any():
+            batch = batch[~beats].reset_index(drop=True)
+    return None if batch is None or batch.empty else batch
+
+
+def _frame(by: list[str], spec: WindowSpec, out: list[tuple[tuple, Emission]]) -> pd.DataFrame:
+    # Built column by column in the output's order: a `columns=` argument would make pandas
+    # reindex, which costs more than building the frame.
+    emissions = [e for _, e in out]
+    data: dict[str, object] = {c: [k[i] for k, _ in out] for i, c in enumerate(by)}
+    data["window_start"] = _instants([e.start for e in emissions])
+    data["window_end"] = _instants([e.end for e in emissions])
+    for i, agg in enumerate(spec.aggs):
+        data[agg.name] = [e.values[i] for e in emissions]
+    data["kind"] = [e.kind for e in emissions]
+    return pd.DataFrame(data, copy=False)
+
+
+def _row_keys(batch: pd.DataFrame, by: list[str]) -> list[tuple]:
+    """Every row's key as a tuple; a null key part is None."""
+    if not by:
+        return [()] * len(batch)
+    columns = []
+    for c in by:
+        series = batch[c]
+        values = series.tolist()
+        if series.dtype.kind in "fO" and series.hasnans:
+            values = [None if _is_missing(v) else v for v in values]
+        columns.append(values)
+    return list(zip(*columns))
+
+
+def _stop_profile(profile, owner) -> None:
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(os.path.join(os.environ[PROFILE_ENV],
+                                        f"{os.getpid()}-{id(owner):x}.prof"))
 
 
 def _key_groups(batch: pd.DataFrame, by: list[str]) -> Iterator[tuple[tuple, np.ndarray]]:

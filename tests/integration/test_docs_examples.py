@@ -187,3 +187,40 @@ def test_custom_processor_surfaces_a_record_after_its_window_as_late(spark, docs
         run_example("custom_timers", namespace)
     got = sorted((r["key"], epoch_ms(r["window_start"]) - t0, r["n"], r["kind"]) for r in rows)
     assert got == [("a", 0, 1, "final"), ("a", 0, 1, "late")]
+
+
+def test_interval_join_example_from_joins_md(spark, docs):
+    """docs/joins.md: views left-joined with the clicks that follow within 5 s."""
+    out = run_example("joins", docs)
+    assert "match" in out
+    clicks = produced(docs)
+    views = [(0, "a"), (8, "b"), (11, "a"), (30, "a"), (45, "b")]
+    view_times = [docs["T0"] + s * 1000 for s, _ in views]
+    watermark = min(final_watermark(clicks), max(view_times) - 1)
+    expected = collections.Counter()
+    for (second, key), v in zip(views, view_times):
+        partners = [(t, a) for _, t, k, a in clicks if k == key and v <= t <= v + 5_000]
+        for t, a in partners:
+            expected[(key, v, t, a, "match")] += 1
+        if not partners and v + 5_000 <= watermark:
+            expected[(key, v, None, None, "left_only")] += 1
+    got = collections.Counter(
+        (r["key"], epoch_ms(r["left_event_time"]), epoch_ms(r["right_event_time"]),
+         r["right_amount"], r["kind"]) for r in spark.table("joined").collect())
+    assert got == expected and sum(expected.values()) >= 4
+
+
+def test_dedup_example_from_dedup_md(spark, docs):
+    """docs/dedup.md: the re-sent click is dropped, every other record comes out first."""
+    run_example("dedup", docs)
+    records = sorted(produced(docs), key=lambda r: r[1])
+    kept, expected = [], collections.Counter()
+    for _, t, key, amount in records:      # one AvailableNow batch: nothing is late
+        if not any(k == (key, amount) and abs(t - s) <= 1_000 for k, s in kept):
+            kept.append(((key, amount), t))
+            expected[(key, amount, t)] += 1
+    got = collections.Counter((r["key"], int(r["amount"]), epoch_ms(r["event_time"]))
+                              for r in spark.table("unique").collect()
+                              if r["kind"] == "first")
+    assert got == expected and len(records) - sum(expected.values()) >= 1
+    assert {r["kind"] for r in spark.table("unique").collect()} == {"first"}

@@ -362,6 +362,63 @@ def test_every_aggregation_with_nulls_and_a_null_key_matches_ground_truth(
         assert actual[window] == pytest.approx(values), window
 
 
+def test_a_checkpoint_of_the_first_state_layout_goes_on_where_it_stopped(
+        spark, broker, topic_factory, tmp_path, monkeypatch):
+    """Issue 24: buckets written as one value each (layout 1, what every window kind used
+    before the window-by-window state, and sessions still use) are moved on as they are next
+    touched; emitted windows keep their lateness, open ones their records."""
+    import kwatermark.windows as windows_module
+    from tests.support.layout_one import OneValueProcessor
+
+    writer = topic_factory(1)
+    steps = [[T0 + 1_000, T0 + 2_000, T0 + 25_000],
+             [T0 + 26_000],   # [0, 10 s) final (kept 20 s for lateness); [20 s, 30 s) open
+             [T0 + 5_000],    # layout 2 from here: an update of the moved, emitted window
+             [T0 + 40_000],   # the lateness of [0, 10 s) ends; [20 s, 30 s) final
+             [T0 + 6_000]]    # beyond the lateness: a late row
+    checkpoint = str(tmp_path / "checkpoint")
+    got, produced = WindowRows(), []
+    for i, step in enumerate(steps):
+        if i < 2:
+            monkeypatch.setattr(windows_module, "WindowProcessor", OneValueProcessor)
+        else:
+            monkeypatch.undo()
+        batch = [Record(0, t, key=b"k") for t in step]
+        writer.send(batch)
+        produced += batch
+        frame = counts(stream(spark, broker, writer.topic), allowed_lateness="20 seconds")
+        run(frame, checkpoint, rows=got)
+    first = [(kind, n) for _, (_, start, _, n, kind) in sorted(got.rows, key=lambda x: x[0])
+             if start == T0]
+    assert first == [("final", 2), ("update", 3), ("late", 1)]
+    assert got.applied() == complete(tumbling_truth(produced), T0 + 40_000 - 1)
+
+
+def test_sessions_of_the_first_state_layout_go_on_where_they_stopped(
+        spark, broker, topic_factory, tmp_path, monkeypatch):
+    import kwatermark.windows as windows_module
+    from tests.support.layout_one import OneValueProcessor
+
+    writer = topic_factory(1)
+    steps = [[T0 + 1_000, T0 + 2_000],
+             [T0 + 10_000],   # the session [1 s, 4 s) final; [10 s, 12 s) open
+             [T0 + 10_500],   # the new layout from here: merges into the moved session
+             [T0 + 20_000]]   # [10 s, 12.5 s) final
+    checkpoint = str(tmp_path / "checkpoint")
+    got = WindowRows()
+    for i, step in enumerate(steps):
+        if i < 2:
+            monkeypatch.setattr(windows_module, "SessionProcessor", OneValueProcessor)
+        else:
+            monkeypatch.undo()
+        writer.send([Record(0, t, key=b"k") for t in step])
+        run(counts(stream(spark, broker, writer.topic), session("2 seconds")), checkpoint,
+            rows=got)
+    assert got.applied() == {(b"k", T0 + 1_000, T0 + 4_000): 2,
+                             (b"k", T0 + 10_000, T0 + 12_500): 2}
+    assert got.kinds() == {"final": 2}
+
+
 def two_topics_one_behind(writer_a, writer_b, lag_ms: int = 60_000, rounds: int = 5,
                           per_round: int = 20):
     """Per round, ``per_round`` records on each topic, one a second; topic B ``lag_ms``

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SHOWN_IN = {"setup": "windows.md", "tumbling": "windows.md", "sliding": "windows.md",
             "session": "windows.md", "sink": "windows.md", "late": "windows.md",
-            "custom_timers": "watermarks.md"}
+            "custom_timers": "watermarks.md", "joins": "joins.md", "dedup": "dedup.md"}
 
 
 def python_blocks(doc: str) -> list[str]:

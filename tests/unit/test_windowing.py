@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import doctest
 import math
+import pickle
 
 import numpy as np
 import pyarrow as pa
@@ -654,3 +655,185 @@ def test_combine_refuses_sessions():
     with pytest.raises(WindowError, match="session"):
         windowing.combine(WindowSpec(Session(5), COUNT), table_of([(1, 0, 1)]), ["key"], "t",
                           "w")
+
+
+# -- a bucket of keys stored window by window: BucketWindows == one KeyWindows per key ---------
+
+
+def keyed(batches, keys):
+    """Each row of ``batches`` given a key from ``keys`` (one per row, in order)."""
+    it = iter(keys)
+    return [[(next(it), t, w, v) for t, w, v in batch] for batch in batches]
+
+
+def per_key_drive(spec_, batches, flush):
+    """What one KeyWindows per key emits, per batch and key, in order."""
+    states, out = {}, []
+    marks = watermarks_at_batch_starts([[(t, w, v) for _, t, w, v in b] for b in batches])
+    for batch, mark in zip(batches + [[]], marks):
+        s = NO_WATERMARK if mark is None else mark
+        emitted = []
+        for key in sorted({k for k, *_ in batch}):
+            rows_ = [r for r in batch if r[0] == key]
+            state = states.setdefault(key, KeyWindows())
+            emitted += [(key, e) for e in state.apply(spec_, raw_rows(rows_), s)]
+        for key, state in sorted(states.items()):
+            emitted += [(key, e) for e in state.fire(spec_, s)]
+        out.append(emitted)
+    out.append([(k, e) for k, state in sorted(states.items()) for e in state.fire(spec_, flush)])
+    return out
+
+
+def raw_rows(rows_) -> Rows:
+    return Rows(np.asarray([NO_WATERMARK if t is None else t for _, t, _, _ in rows_], np.int64),
+                np.asarray([NO_WATERMARK if w is None else w for _, _, w, _ in rows_], np.int64),
+                {"v": np.asarray([np.nan if v is None else v for *_, v in rows_])})
+
+
+def bucket_drive(spec_, batches, flush, store):
+    """The processor's calls on one bucket: the batch's partials (from row_partials, per key,
+    keys interleaved), then the timer phase; the index and chunks pickled between calls as
+    the shell stores them."""
+    index, out = windowing.WindowIndex(), []
+    marks = watermarks_at_batch_starts([[(t, w, v) for _, t, w, v in b] for b in batches])
+    for batch, mark in zip(batches + [[]], marks):
+        s = NO_WATERMARK if mark is None else mark
+        emitted = []
+        if batch:
+            keys, starts, late, accs = [], [], [], []
+            for key in sorted({k for k, *_ in batch}, reverse=True):
+                p = windowing.row_partials(spec_, raw_rows([r for r in batch if r[0] == key]))
+                keys += [key] * len(p.starts)
+                starts += p.starts
+                late += p.late
+                accs += p.accs
+            bucket = windowing.BucketWindows(pickle.loads(pickle.dumps(index)), store)
+            emitted += bucket.apply_partials(spec_, keys, windowing.Partials(starts, late, accs),
+                                             s)
+            index = bucket.index
+            assert (index.wake_up(spec_, NO_WATERMARK) or math.inf) > s   # nothing left due
+        # Spark's timer phase: the bucket's timer is at its first wake-up, less 1 ms.
+        wake = index.wake_up(spec_, NO_WATERMARK)
+        if wake is not None and wake <= s:
+            bucket = windowing.BucketWindows(pickle.loads(pickle.dumps(index)), store)
+            emitted += bucket.fire(spec_, s)
+            index = bucket.index
+        out.append(emitted)
+    out.append(windowing.BucketWindows(index, store).fire(spec_, flush))
+    return out, index
+
+
+def by_key(out):
+    """Per batch, per key: the emissions in order; per (key, window) the order is what a
+    sink applies, across keys it does not matter."""
+    return [{k: [(e.kind, e.start, e.end, tuple(e.values)) for kk, e in batch if kk == k]
+             for k in {kk for kk, _ in batch}} for batch in out]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), streams(), fixed_assigners, st.sampled_from([0, 0, 1, 5, 17, 40]))
+def test_a_bucket_stored_window_by_window_emits_what_each_keys_windows_emit(
+        data, batches, geometry, lateness):
+    size, slide, offset = geometry
+    assigner = Tumbling(size, offset) if size == slide else Sliding(size, slide, offset)
+    spec_ = WindowSpec(assigner, ALL_AGGS[:6], lateness)
+    batches = [[(None if data.draw(st.integers(0, 9)) == 0 else t, w, v) for t, w, v in batch]
+               for batch in batches]
+    rows_ = keyed(batches, data.draw(st.lists(st.sampled_from(["a", "b", "c"]),
+                                              min_size=sum(map(len, batches)),
+                                              max_size=sum(map(len, batches)))))
+    flush = 1_000
+    store = windowing.ChunkStore()
+    got, index = bucket_drive(spec_, rows_, flush, store)
+    assert by_key(got) == by_key(per_key_drive(spec_, rows_, flush))
+    assert not index.windows and not store.chunks      # everything released at the end
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), streams(), fixed_assigners, st.sampled_from([0, 1, 5, 40]))
+def test_a_bucket_stored_the_first_way_goes_on_as_if_never_moved(data, batches, geometry,
+                                                                 lateness):
+    """A checkpoint written before the window-by-window layout: the bucket's KeyWindows after
+    some batches, moved into chunks, then the rest of the stream."""
+    size, slide, offset = geometry
+    assigner = Tumbling(size, offset) if size == slide else Sliding(size, slide, offset)
+    spec_ = WindowSpec(assigner, COUNT + ALL_AGGS[2:4], lateness)
+    rows_ = keyed(batches, data.draw(st.lists(st.sampled_from(["a", "b"]),
+                                              min_size=sum(map(len, batches)),
+                                              max_size=sum(map(len, batches)))))
+    cut = data.draw(st.integers(0, len(rows_)))
+    marks = watermarks_at_batch_starts([[(t, w, v) for _, t, w, v in b] for b in rows_])
+    states = {}
+    for batch, mark in zip(rows_[:cut], marks):
+        s = NO_WATERMARK if mark is None else mark
+        for key in sorted({k for k, *_ in batch}):
+            states.setdefault(key, KeyWindows()).apply(
+                spec_, raw_rows([r for r in batch if r[0] == key]), s)
+        for state in states.values():
+            state.fire(spec_, s)
+    legacy = pickle.loads(pickle.dumps({k: s.slots for k, s in states.items() if s.slots}))
+    store = windowing.ChunkStore()
+    index = windowing.index_of_key_windows(spec_, legacy, store, timer=7)
+    assert index.timer == 7
+    # The rest through the bucket, against the KeyWindows carried on.
+    expected_states = {k: KeyWindows(pickle.loads(pickle.dumps(v))) for k, v in legacy.items()}
+    rest = rows_[cut:]
+    for batch, mark in zip(rest + [[]], marks[cut:]):
+        s = NO_WATERMARK if mark is None else mark
+        want, got = [], []
+        keys, starts, late, accs = [], [], [], []
+        for key in sorted({k for k, *_ in batch}):
+            chosen = raw_rows([r for r in batch if r[0] == key])
+            want += [(key, e) for e in expected_states.setdefault(key, KeyWindows()).apply(
+                spec_, chosen, s)]
+            p = windowing.row_partials(spec_, chosen)
+            keys += [key] * len(p.starts)
+            starts += p.starts
+            late += p.late
+            accs += p.accs
+        bucket = windowing.BucketWindows(index, store)
+        if batch:
+            got += bucket.apply_partials(spec_, keys, windowing.Partials(starts, late, accs), s)
+        got += bucket.fire(spec_, s)
+        want += [(k, e) for k, st_ in sorted(expected_states.items()) for e in st_.fire(spec_, s)]
+        assert by_key([got]) == by_key([want])
+
+
+def session_bucket_drive(spec_, batches, flush):
+    """The processor's calls on one bucket of sessions: the batch's rows per key, then the
+    timer phase when the bucket's timer is due; index and store pickled between calls."""
+    index, store, out = windowing.SessionIndex(), windowing.KeyStore(), []
+    marks = watermarks_at_batch_starts([[(t, w, v) for _, t, w, v in b] for b in batches])
+    for batch, mark in zip(batches + [[]], marks):
+        s = NO_WATERMARK if mark is None else mark
+        emitted = []
+        if batch:
+            groups = [(key, raw_rows([r for r in batch if r[0] == key]))
+                      for key in sorted({k for k, *_ in batch}, reverse=True)]
+            bucket = windowing.BucketSessions(pickle.loads(pickle.dumps(index)), store)
+            emitted += bucket.apply(spec_, groups, s)
+            index = bucket.index
+            assert (index.wake_up(NO_WATERMARK) or math.inf) > s   # nothing left due
+        wake = index.wake_up(NO_WATERMARK)
+        if wake is not None and wake <= s:
+            bucket = windowing.BucketSessions(pickle.loads(pickle.dumps(index)), store)
+            emitted += bucket.fire(spec_, s)
+            index = bucket.index
+        out.append(emitted)
+    out.append(windowing.BucketSessions(index, store).fire(spec_, flush))
+    return out, index, store
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), streams(), st.integers(1, 15), st.sampled_from([0, 0, 1, 5, 17]))
+def test_a_bucket_of_sessions_stored_key_by_key_emits_what_each_keys_sessions_emit(
+        data, batches, gap, lateness):
+    spec_ = WindowSpec(Session(gap), ALL_AGGS[:6], lateness)
+    batches = [[(None if data.draw(st.integers(0, 9)) == 0 else t, w, v) for t, w, v in batch]
+               for batch in batches]
+    rows_ = keyed(batches, data.draw(st.lists(st.sampled_from(["a", "b", "c"]),
+                                              min_size=sum(map(len, batches)),
+                                              max_size=sum(map(len, batches)))))
+    got, index, store = session_bucket_drive(spec_, rows_, 1_000)
+    assert by_key(got) == by_key(per_key_drive(spec_, rows_, 1_000))
+    assert not store.keys and not store.wakes and not index.wakes
