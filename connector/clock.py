@@ -134,12 +134,14 @@ def follow_watermarks(frames: Sequence[DataFrame], mark_ms: str) -> DataFrame:
 
 def wake_at(handle, wake_up: int | None, watermark: int) -> None:
     """Make sure the key is woken at the first watermark (``wake_up``, None: none) at which
-    it has something to do. Spark fires a timer once its watermark is *above* the timer's
-    time, hence ``- 1``; never at or below the current watermark, which would not fire again.
-    Earlier timers are left to fire: the processors' expiry is idempotent, and keeping no
-    timer bookkeeping in state leaves nothing to disagree with Spark's own timer list."""
+    it has something to do. Spark fires a timer once its watermark *reaches* the timer's time
+    (module docstring), so the timer goes at ``wake_up`` itself, and never at or below the
+    current watermark: such a timer is the one firing now (or due in this batch), which Spark
+    deletes as ``handleExpiredTimer`` returns, so it would never fire again. Earlier timers
+    are left to fire: the processors' expiry is idempotent, and keeping no timer bookkeeping
+    in state leaves nothing to disagree with Spark's own timer list."""
     if wake_up is None:
         return
-    wanted = max(wake_up, watermark + 1) - 1
+    wanted = max(wake_up, watermark + 1)
     if wanted not in set(handle.listTimers()):
         handle.registerTimer(wanted)
