@@ -28,7 +28,7 @@ the sum of its ``late`` rows.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -301,6 +301,26 @@ class Emission:
     values: list
 
 
+def fixed_window_groups(spec: WindowSpec, rows: Rows, placed: np.ndarray
+                        ) -> Iterator[tuple[bool, int, np.ndarray]]:
+    """The rows ``placed`` (indices of rows with an event time) grouped by fixed window and
+    lateness: ``(late?, window start, row indices in arrival order)``, on-time groups first.
+    A row is late for a window once its own row watermark reaches ``end - 1 + lateness``."""
+    index, starts = spec.assigner.assign(rows.times[placed])
+    index = placed[index]
+    is_late = starts + spec.assigner.length_ms - 1 + spec.lateness_ms <= rows.watermarks[index]
+    for flag in (False, True):
+        chosen = is_late == flag
+        if not chosen.any():
+            continue
+        windows, inverse = np.unique(starts[chosen], return_inverse=True)
+        picked = index[chosen]
+        order = np.argsort(inverse, kind="stable")
+        bounds = np.searchsorted(inverse[order], np.arange(len(windows) + 1))
+        for w, start in enumerate(windows.tolist()):
+            yield flag, start, picked[order[bounds[w]:bounds[w + 1]]]
+
+
 @dataclass
 class KeyWindows:
     """The windows of one key that can still change. ``apply`` takes a micro-batch's rows,
@@ -328,27 +348,14 @@ class KeyWindows:
         return emitted + self.fire(spec, watermark) + late
 
     def _apply_fixed(self, spec: WindowSpec, rows: Rows, placed: np.ndarray) -> list[Emission]:
-        index, starts = spec.assigner.assign(rows.times[placed])
-        index = placed[index]
-        ends = starts + spec.assigner.length_ms
-        is_late = ends - 1 + spec.lateness_ms <= rows.watermarks[index]
         late = []
-        for flag in (False, True):
-            chosen = is_late == flag
-            if not chosen.any():
-                continue
-            windows, inverse = np.unique(starts[chosen], return_inverse=True)
-            picked = index[chosen]
-            order = np.argsort(inverse, kind="stable")
-            bounds = np.searchsorted(inverse[order], np.arange(len(windows) + 1))
-            for w, start in enumerate(windows.tolist()):
-                members = picked[order[bounds[w]:bounds[w + 1]]]
-                partial = spec.partial(rows.columns, rows.times, members)
-                window = (start, start + spec.assigner.length_ms)
-                if flag:
-                    late.append(Emission(LATE, *window, spec.results(partial)))
-                else:
-                    self._add(spec, window, partial)
+        for flag, start, members in fixed_window_groups(spec, rows, placed):
+            partial = spec.partial(rows.columns, rows.times, members)
+            window = (start, start + spec.assigner.length_ms)
+            if flag:
+                late.append(Emission(LATE, *window, spec.results(partial)))
+            else:
+                self._add(spec, window, partial)
         return late
 
     def _apply_sessions(self, spec: WindowSpec, rows: Rows, placed: np.ndarray
@@ -784,24 +791,10 @@ def row_partials(spec: WindowSpec, rows: Rows) -> Partials:
         starts.append(None)
         late.append(True)
         accs.append(spec.partial(rows.columns, rows.times, np.flatnonzero(~known)))
-    placed = np.flatnonzero(known)
-    index, window_starts = spec.assigner.assign(rows.times[placed])
-    index = placed[index]
-    is_late = window_starts + spec.assigner.length_ms - 1 + spec.lateness_ms <= \
-        rows.watermarks[index]
-    for flag in (False, True):
-        chosen = is_late == flag
-        if not chosen.any():
-            continue
-        windows, inverse = np.unique(window_starts[chosen], return_inverse=True)
-        picked = index[chosen]
-        order = np.argsort(inverse, kind="stable")
-        bounds = np.searchsorted(inverse[order], np.arange(len(windows) + 1))
-        for w, start in enumerate(windows.tolist()):
-            starts.append(int(start))
-            late.append(flag)
-            accs.append(spec.partial(rows.columns, rows.times,
-                                     picked[order[bounds[w]:bounds[w + 1]]]))
+    for flag, start, members in fixed_window_groups(spec, rows, np.flatnonzero(known)):
+        starts.append(int(start))
+        late.append(flag)
+        accs.append(spec.partial(rows.columns, rows.times, members))
     return Partials(starts, late, accs)
 
 
