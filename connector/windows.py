@@ -64,6 +64,7 @@ from kwatermark.clock import (
     streams,
 )
 from kwatermark.options import parse_duration_ms
+from kwatermark.ticks import input_clock, with_ticks
 from kwatermark.windowing import (
     IS_LATE,
     NO_WATERMARK,
@@ -98,6 +99,7 @@ __all__ = ["WindowError", "aggregate", "session", "sliding", "tumbling"]
 
 # Spark renames pandas columns whose names start with "__": plain, unlikely names instead.
 _TIME, _MARK, _BUCKET = "kwatermark_time", "kwatermark_watermark", "kwatermark_bucket"
+_INPUT = "kwatermark_input"         # which of aggregate's streams a row came from
 _INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
 # Keys share Spark's grouping key (and state value, and timer) by their hash modulo this: one
 # processor call per bucket and batch instead of one per key (see docs/windows.md, "State").
@@ -175,18 +177,21 @@ def aggregate(df: DataFrame | Sequence[DataFrame], windows: Assigner, by: Sequen
         *[F.col(c) for c in by], *[F.col(c) for c in inputs],
         F.unix_millis(F.col(time_column)).alias(_TIME),
         F.unix_millis(F.col("watermark")).alias(_MARK),
-        F.col("is_heartbeat")) for frame in frames]
+        F.col("is_heartbeat"), F.lit(i).cast("int").alias(_INPUT))
+        for i, frame in enumerate(frames)]
     schema = _common_schema(frames, by, inputs, time_column)
     combined = None
     if _combinable(schema, by, spec):
         # Fixed windows: each task combines its rows per (key, window, late?) before the
         # shuffle, as Spark's own aggregation does; the stateful step merges accumulators.
+        # Each task also ticks every bucket with its rows' watermark (kwatermark.ticks).
         combined = _combined_schema(prepared[0].schema, by, spec)
-        prepared = [p.mapInArrow(Combiner(spec, [_BUCKET, *by, "is_heartbeat"], combined),
-                                 combined) for p in prepared]
+        prepared = [p.mapInArrow(Combiner(spec, [_BUCKET, *by, "is_heartbeat", _INPUT],
+                                          combined, key_buckets if by else 1, i), combined)
+                    for i, p in enumerate(prepared)]
     output = _output_schema(schema, by, spec)
     processor = SessionProcessor(spec, by, inputs) if spec.assigner.merging else \
-        WindowProcessor(spec, by, inputs, combined)
+        WindowProcessor(spec, by, inputs, combined, streams=len(frames))
     return (follow_watermarks(prepared, _MARK)
             .groupBy(_BUCKET)
             .transformWithStateInPandas(processor, output, "Append", "EventTime"))
@@ -216,7 +221,7 @@ def _combined_schema(prepared: StructType, by: Sequence[str], spec: WindowSpec) 
     """What :class:`Combiner` hands on: the keys, window start, lateness, the accumulators
     (:func:`kwatermark.windowing.accumulator_columns`) and the highest row watermark."""
     fields = [prepared[_BUCKET], *(prepared[c] for c in by), prepared["is_heartbeat"],
-              StructField(START, LongType(), True), StructField(IS_LATE, BooleanType(), True)]
+              prepared[_INPUT], StructField(START, LongType(), True), StructField(IS_LATE, BooleanType(), True)]
     for agg, columns in zip(spec.aggs, accumulator_columns(spec)):
         source = None if agg.column is None else prepared[agg.column].dataType
         for name, role in columns:
@@ -228,12 +233,17 @@ def _combined_schema(prepared: StructType, by: Sequence[str], spec: WindowSpec) 
 
 
 class Combiner:
-    """The ``mapInArrow`` step: a task's rows combined by :func:`kwatermark.windowing.combine`."""
+    """The ``mapInArrow`` step: a task's rows combined by :func:`kwatermark.windowing.combine`,
+    and a tick for each of the ``buckets`` (:func:`kwatermark.ticks.with_ticks`) from input
+    ``stream``."""
 
-    def __init__(self, spec: WindowSpec, keys: list[str], schema: StructType):
+    def __init__(self, spec: WindowSpec, keys: list[str], schema: StructType, buckets: int,
+                 stream: int):
         self.spec = spec
         self.keys = keys
         self.schema = to_arrow_schema(schema)
+        self.buckets = buckets
+        self.stream = stream
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         collected = [b for b in batches if b.num_rows]
@@ -241,7 +251,9 @@ class Combiner:
             return
         combined = combine(self.spec, pa.Table.from_batches(collected), self.keys, _TIME,
                            _MARK)
-        yield from combined.cast(self.schema).to_batches()
+        combined = with_ticks(combined.cast(self.schema), _BUCKET, self.buckets, _MARK,
+                              "is_heartbeat", {_INPUT: self.stream})
+        yield from combined.to_batches()
 
 
 def _pair(name: str, fn: object) -> tuple[str, str | None]:
@@ -315,10 +327,11 @@ class WindowProcessor(StatefulProcessor):
     watermark at which a window completes or its lateness ends."""
 
     def __init__(self, spec: WindowSpec, by: list[str], inputs: list[str],
-                 combined: StructType | None = None):
+                 combined: StructType | None = None, streams: int = 1):
         self.spec = spec
         self.by = by
         self.inputs = inputs
+        self.streams = streams
         # Rows are Combiner's partials (schema given), not records: its accumulator columns,
         # and whether each holds integers.
         self.combined = None if combined is None else {
@@ -337,14 +350,42 @@ class WindowProcessor(StatefulProcessor):
 
     def handleInputRows(self, key: tuple, rows: Iterator[pd.DataFrame],
                         timerValues: TimerValues) -> Iterator[pd.DataFrame]:
-        batch = _records(rows)
-        if batch is None:
+        """Fires by the input clock (:mod:`kwatermark.ticks`), Spark's watermark of the next
+        micro-batch, which the rows already carry; the timer stays on Spark's watermark."""
+        every = _batch(rows)
+        if every is None:
             return
         watermark = timerValues.getCurrentWatermarkInMs()
+        clock = _clock(every, self.streams, watermark)
+        batch = _without_heartbeats(every)
+        if batch is None:
+            yield from self._fire_by_clock(clock, watermark)
+            return
         keys, partials = self._partials(batch)
         bucket = BucketWindows(self._load(), self.store)
+        # The rows first, by the watermark they arrived under, then what the clock completed:
+        # the rows were read before the clock's watermark was proven.
         out = bucket.apply_partials(self.spec, keys, partials, watermark)
-        _save(self, bucket.index, bucket.index.wake_up(self.spec, watermark), watermark, expired=None)
+        if clock > watermark:
+            out += bucket.fire(self.spec, clock)
+        _save(self, bucket.index, bucket.index.wake_up(self.spec, clock), watermark,
+              expired=None)
+        if out:
+            yield _frame(self.by, self.spec, out)
+
+    def _fire_by_clock(self, clock: int, watermark: int) -> Iterator[pd.DataFrame]:
+        """A bucket that got only ticks: fire what the clock completed, if it holds windows.
+        One state read for a bucket without windows (most, with few keys); a bucket still in
+        layout 1 is left to its timer, one batch later, and moved when next touched."""
+        if clock <= watermark:
+            return
+        index = _load_index(self.index)
+        if index is None or not index.windows:
+            return
+        bucket = BucketWindows(index, self.store)
+        out = bucket.fire(self.spec, clock)
+        _save(self, bucket.index, bucket.index.wake_up(self.spec, clock), watermark,
+              expired=None)
         if out:
             yield _frame(self.by, self.spec, out)
 
@@ -542,14 +583,29 @@ def _save(processor, index: WindowIndex | SessionIndex, first: int | None, water
 
 def _records(rows: Iterator[pd.DataFrame]) -> pd.DataFrame | None:
     """A bucket's rows of the batch without the heartbeat rows (None: nothing left)."""
+    batch = _batch(rows)
+    return None if batch is None else _without_heartbeats(batch)
+
+
+def _batch(rows: Iterator[pd.DataFrame]) -> pd.DataFrame | None:
+    """A bucket's rows of the batch, heartbeats and ticks included (None: none)."""
     frames = [f for f in rows if len(f)]
-    batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else \
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else \
         (frames[0] if frames else None)
-    if batch is not None:
-        beats = batch["is_heartbeat"].to_numpy() == True  # null-safe: a null flag is a record
-        if beats.any():
-            batch = batch[~beats].reset_index(drop=True)
-    return None if batch is None or batch.empty else batch
+
+
+def _without_heartbeats(batch: pd.DataFrame) -> pd.DataFrame | None:
+    beats = batch["is_heartbeat"].to_numpy() == True  # null-safe: a null flag is a record
+    if beats.any():
+        batch = batch[~beats].reset_index(drop=True)
+    return None if batch.empty else batch
+
+
+def _clock(batch: pd.DataFrame, streams: int, watermark: int) -> int:
+    """Spark's watermark, or the input clock the rows prove when it is ahead of it."""
+    marks = batch[_MARK].fillna(NO_WATERMARK).to_numpy(dtype=np.int64)
+    clock = input_clock(marks, batch[_INPUT].to_numpy(), streams, NO_WATERMARK)
+    return watermark if clock is None else max(watermark, clock)
 
 
 def _frame(by: list[str], spec: WindowSpec, out: list[tuple[tuple, Emission]]) -> pd.DataFrame:

@@ -476,3 +476,39 @@ def test_window_whose_end_is_one_ms_above_a_batch_watermark_still_comes_out(
     got, _ = run(counts(stream(spark, broker, writer.topic)), str(tmp_path / "kw"))
     assert got.applied() == complete(tumbling_truth(records), final_watermark(records))
     assert got.kinds() == {"final": 1}
+
+
+def test_window_comes_out_in_the_same_micro_batch_as_sparks_own_aggregation(
+        spark, broker, topic_factory, tmp_path):
+    """Latency (issue 24): the rows of micro-batch N+1 carry the watermark that batch N's
+    records proved; the window fires by it in batch N+1, where Spark's own aggregation (its
+    watermark from batch N's event times) emits, not one batch later when Spark's watermark
+    has caught up with the rows."""
+    writer = topic_factory(1)
+    records = [Record(0, T0 + 1_000, key=b"a"), Record(0, T0 + 4_000, key=b"a"),
+               Record(0, T0 + 15_000, key=b"a")]
+    writer.send(records)
+    trigger = {"processingTime": "1 second"}
+    got, query = run(counts(stream(spark, broker, writer.topic)), str(tmp_path / "kw"), trigger)
+    first = (b"a", T0, T0 + SIZE, 2, "final")
+    wait_for(got, query, lambda: any(row == first for _, row in got.rows))
+    ours = [batch for batch, row in got.rows if row == first]
+    data = min(p["batchId"] for p in query.recentProgress if p["numInputRows"] > 1)
+
+    native = (kwatermark_stream(spark, broker, writer.topic)
+              .withWatermark("timestamp", "1 millisecond")
+              .groupBy(F.window("timestamp", "10 seconds"), "key").count())
+    theirs = WindowRows()
+
+    def collect(frame, batch_id: int) -> None:
+        for r in frame.collect():
+            theirs.rows.append((batch_id, (bytes(r["key"]), epoch_ms(r["window"]["start"]),
+                                           epoch_ms(r["window"]["end"]), r["count"], "final")))
+
+    spark_query = (native.writeStream.outputMode("append").foreachBatch(collect)
+                   .option("checkpointLocation", str(tmp_path / "spark")).trigger(**trigger)
+                   .start())
+    wait_for(theirs, spark_query, lambda: any(row == first for _, row in theirs.rows))
+    spark_batch = [batch for batch, row in theirs.rows if row == first]
+    assert spark_batch == [1]          # the batch after the one that read the records (0)
+    assert ours == [data + 1], (ours, data, got.rows)
