@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 
 import pytest
 
+from kwatermark.arrow import OutputLayout
+from kwatermark.errors import BrokerError
 from kwatermark.localbroker import LocalBroker
-from tests.support.kafka import Record, TestBroker, TopicWriter
+from kwatermark.offsets import PartitionState, RangeTask
+from kwatermark.options import parse_options
+from kwatermark.reader import Decoders, RangeReader
+from kwatermark.watermarks import NO_PARTITIONS
+from tests.support.kafka import Record, TestBroker, TopicWriter, test_broker_kind
 from tests.support.secrets import gather, leaks
 from tests.support.streams import (
     Batches,
@@ -82,6 +90,63 @@ def test_broker_stopped_mid_query_fails_clearly_then_restart_is_data_loss(spark,
                                             f"partition is gone"):
             run_available_now(frame, checkpoint)
     finally:
+        local.stop()
+
+
+def test_broker_that_stops_answering_mid_read_fails_the_attempt_then_the_retry_reads_all_once(
+        spark, tmp_path):
+    """Issue 22: ``kafkaConsumer.pollTimeoutMs`` bounds time without progress. The broker
+    freezes (SIGSTOP) at the first record the task decodes: the attempt fails once the
+    timeout has passed without progress (it does not wait for ever), and Spark's retry, the
+    broker answering again, reads every record once. The executor loop alone, frozen the
+    same way, shows the attempt's error (in Spark it stays in the executor's log)."""
+    local = LocalBroker.start(kind="tansu" if test_broker_kind() == "tansu" else "kafka")
+    own = TestBroker(local.bootstrap_servers, local.kind)
+    marker = tmp_path / "frozen"
+    try:
+        writer = TopicWriter(own, own.create_topic(1))
+        # 100 sends of 100 records of 1 KB: ~200 record batches, fetched one a request and
+        # decoded 100 records at a time, so the broker freezes long before all is fetched.
+        for chunk in range(100):
+            writer.send([Record(0, 1_000 * (100 * chunk + i), value=b"v" * 1024)
+                         for i in range(100)])
+        frame = kwatermark_batch(spark, own, writer.topic, **{
+            "kafkaConsumer.pollTimeoutMs": "3000",
+            "kafka.queued.min.messages": "1", "kafka.max.partition.fetch.bytes": "1",
+            "arrow.maxRecordsPerBatch": "100",
+            "watermark.strategy": "kw_test_plugins:BrokerFreezingGenerator",
+            "watermark.freezePid": str(local.process.pid),
+            "watermark.freezeMarker": str(marker)})
+        offsets = [r["offset"] for r in frame.select("offset").collect()]
+        assert marker.exists() and (tmp_path / "frozen.resumed").exists()  # froze, then retried
+        assert sorted(offsets) == list(range(10_000))
+
+        # The same freeze under the executor loop itself (no Spark: its message stays in the
+        # executor's log): the error names topic, partition, the offset it waits at, the
+        # option and the address.
+        options = parse_options({"kafka.bootstrap.servers": own.bootstrap_servers,
+                                 "subscribe": writer.topic,
+                                 "kafkaConsumer.pollTimeoutMs": "3000",
+                                 "kafka.queued.min.messages": "1",
+                                 "kafka.max.partition.fetch.bytes": "1",
+                                 "arrow.maxRecordsPerBatch": "100"}, streaming=False)
+        task = RangeTask(writer.topic, 0, 0, 10_000, PartitionState(), True, None,
+                         NO_PARTITIONS)
+        batches = iter(RangeReader(options, OutputLayout(), Decoders(), task))
+        read = next(batches).num_rows
+        os.kill(local.process.pid, signal.SIGSTOP)
+        with pytest.raises(BrokerError) as stalled:
+            for batch in batches:
+                read += batch.num_rows
+        waits_at = re.fullmatch(
+            rf"topic {writer.topic}, partition 0: no records at offset (\d+) \(range ends at "
+            rf"10000\) and no progress for kafkaConsumer.pollTimeoutMs=3000 from "
+            rf"kafka.bootstrap.servers='{re.escape(own.bootstrap_servers)}'", str(stalled.value))
+        assert waits_at, str(stalled.value)
+        # Where the read stands: past what it handed on, the records decoded since not yet.
+        assert 0 < read <= int(waits_at.group(1)) < 10_000
+    finally:
+        os.kill(local.process.pid, signal.SIGCONT)
         local.stop()
 
 

@@ -69,3 +69,38 @@ class NoDecidePolicy:
 
     def __init__(self, options: dict[str, str]):
         pass
+
+
+class BrokerFreezingGenerator(LaggingGenerator):
+    """``LaggingGenerator`` that, at the first record a task reads, stops the broker process
+    ``watermark.freezePid`` (SIGSTOP) once, creating the file ``watermark.freezeMarker``: a
+    broker that stops answering in the middle of a read. The next task attempt to start
+    (Spark's retry) lets it go on (SIGCONT) and creates the marker's ``.resumed`` twin."""
+
+    def __init__(self, options: dict[str, str]):
+        import os
+        import signal
+
+        super().__init__(options)
+        marker = options["watermark.freezeMarker"]
+        self.frozen = os.path.exists(marker)
+        if self.frozen and not os.path.exists(marker + ".resumed"):
+            os.kill(int(options["watermark.freezePid"]), signal.SIGCONT)
+            with open(marker + ".resumed", "w"):
+                pass
+
+    def on_event(self, ts_ms: int, record: dict) -> None:
+        if not self.frozen:
+            import os
+            import signal
+
+            self.frozen = True
+            try:
+                fd = os.open(self.options["watermark.freezeMarker"],
+                             os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.close(fd)
+                os.kill(int(self.options["watermark.freezePid"]), signal.SIGSTOP)
+        super().on_event(ts_ms, record)
