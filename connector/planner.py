@@ -117,6 +117,8 @@ class BatchPlanner:
         self._folded: dict[str, tuple[dict[TopicPartition, PartitionState], int]] = {}
         self._target: dict[TopicPartition, int] | None = None
         self._last_trigger_ms: int | None = None
+        # Whether this run has planned a batch yet: see the heartbeat in latest_offset.
+        self._planned = False
         self._warned: dict[str, float] = {}
         # Each partition's end offset as the broker reported it at the last planning, for
         # the query progress's "latestOffset" (DESIGN §15); observation only.
@@ -266,9 +268,18 @@ class BatchPlanner:
         if available == 0:
             # Nothing to read, but the watermark the last batch's rows carried is behind what
             # its records (or an idle decision since) reached: one batch carries it (§10).
-            return (BatchOffset(to_optional(watermark), partitions, heartbeat=True,
-                                planned_ms=now, holder=holds)
-                    if watermark > previous else None)
+            # After a (re)start, also the watermark the checkpoint holds, once: Spark's
+            # watermark tracker starts a run knowing no input's watermark and counts an input
+            # without rows in the run as 0 under multipleWatermarkPolicy=min, so a join or
+            # dedup whose other input still reads would stay at the watermark of before the
+            # restart (the lagging-partition join lost its last outer rows that way).
+            restarted = not self._planned and to_optional(watermark) is not None
+            if watermark <= previous and not restarted:
+                return None
+            self._planned = True
+            return BatchOffset(to_optional(watermark), partitions, heartbeat=True,
+                               planned_ms=now, holder=holds)
+        self._planned = True
         self._last_trigger_ms = now
         return BatchOffset(to_optional(watermark), partitions, planned_ms=now, holder=holds)
 

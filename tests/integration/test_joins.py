@@ -156,3 +156,31 @@ def test_dedup_across_a_lagging_partition_keeps_one_of_each_and_loses_none(
     lost = set(keys) - spark_keys
     print(f"spark dropDuplicatesWithinWatermark lost {len(lost)} of {len(keys)} keys")
     assert lost and all(k.startswith(b"u") for k in lost)
+
+
+def test_after_a_restart_the_join_follows_an_input_that_reads_nothing_new(
+        spark, broker, topic_factory, tmp_path):
+    """Run 1 reads both topics; run 2 (a restart) only the right one. Spark's watermark
+    tracker starts each run knowing no input and counts one without rows as 0, so unless
+    the quiet input carries its watermark once after the restart, the join stays at the
+    watermark of run 1 and the left rows it has since made final never come out."""
+    lefts, rights = topic_factory(1), topic_factory(1)
+    joined = interval_join(stream(spark, broker, lefts.topic),
+                           stream(spark, broker, rights.topic), on=["key"],
+                           lower="-1 second", upper="1 second", how="left")
+    got = Collected()
+    lefts.send([Record(0, T0 + i * 1_000, key=b"k%d" % i) for i in range(10)])
+    rights.send([Record(0, T0 + i * 1_000 + 500, key=b"k%d" % i) for i in range(5)])
+    run(joined, str(tmp_path / "checkpoint"), got)
+    after_first = len(got.by_batch)
+    rights.send([Record(0, T0 + i * 1_000, key=b"x%d" % i) for i in range(30, 41)])
+    run(joined, str(tmp_path / "checkpoint"), got)
+
+    watermark = min(final_watermark(lefts.produced), final_watermark(rights.produced))
+    left_only = {i for i in range(5, 10) if T0 + i * 1_000 + 1_000 <= watermark}
+    assert left_only == {5, 6, 7}
+    first_run = [r for b in sorted(got.by_batch)[:after_first] for r in got.by_batch[b]]
+    assert not [r for r in first_run if r["kind"] == "left_only"]    # right's watermark held it
+    assert sorted(int(bytes(r["key"])[1:]) for r in got.rows if r["kind"] == "left_only") \
+        == sorted(left_only)
+    assert collections.Counter(r["kind"] for r in got.rows) == {"match": 5, "left_only": 3}

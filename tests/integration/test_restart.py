@@ -62,13 +62,14 @@ class KillableQuery:
         self.runs = 0
 
     def start(self, trigger: str, kill_in_batch: int | None = None,
-              windows: str | None = None) -> subprocess.Popen:
+              windows: str | None = None, **operator) -> subprocess.Popen:
+        """``operator``: ``join={...}`` or ``dedup={...}`` (tests/support/killable_query.py)."""
         self.runs += 1
         spec = self.tmp / f"spec-{self.runs}.json"
         spec.write_text(json.dumps({"out": str(self.out), "checkpoint": str(self.checkpoint),
                                     "options": self.options, "trigger": trigger,
                                     "kill_in_batch": kill_in_batch,
-                                    "windows": windows}))
+                                    "windows": windows, **operator}))
         self.log = self.tmp / f"run-{self.runs}.log"
         root = Path(__file__).resolve().parents[2]
         env = dict(os.environ, TZ="UTC", PYSPARK_PYTHON=sys.executable,
