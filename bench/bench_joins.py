@@ -23,7 +23,9 @@ times fall in the interval; per dedup key, the rows that are no duplicate of an 
 first), and both sides' parquet output is checked against it: missing, extra and duplicated
 rows. Throughput: records of the batches after the first with data over the sum of their
 ``triggerExecution`` (bench/run.py's rule); state: the largest ``numRowsTotal`` and
-``memoryUsedBytes`` any state operator reported. Writes ``bench/results/joins.json``.
+``memoryUsedBytes`` any state operator reported. ``kw-read`` / ``spark-read`` read the dedup
+topic alone into the same sink (the sources' share of a run). An unmeasured warm-up round
+runs every configuration first (``--no-warmup``: none). Writes ``bench/results/joins.json``.
 
 Run: ``python bench/bench_joins.py`` (20,000 records, 3 rounds: about 15 minutes on 2 cores);
 ``--records 4000 --repeat 1 --results /tmp/jb`` for a trial.
@@ -54,7 +56,7 @@ INTERVAL_MS = (0, 1_000)     # right.t in [left.t + 0, left.t + 1 s]
 WITHIN_MS = 1_000
 RIGHT_SHIFT_MS = 500
 DUP_GAP_MS = 200
-CONFIGS = ("kw-join", "spark-join", "kw-dedup", "spark-dedup")
+CONFIGS = ("kw-join", "spark-join", "kw-dedup", "spark-dedup", "kw-read", "spark-read")
 TARGET_RATIO = 0.5
 
 
@@ -68,6 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lag", type=float, default=0.0,
                         help="seconds the last partition of right and dedup lags (default 0)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false",
+                        help="skip the unmeasured warm-up round")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds after which no further round starts")
     parser.add_argument("--configs", default=",".join(CONFIGS))
@@ -179,12 +183,20 @@ def check_dedup(rows: list[dict], truth: dict[str, int]) -> dict:
             "exact": missing == 0 and extra == 0 and set(kinds) <= {"first"}}
 
 
+def check_read(rows: list[dict], records: int) -> dict:
+    ids = collections.Counter(int(r["id"]) for r in rows)
+    missing = sum(1 for i in range(records) if i not in ids)
+    extra = sum(n - 1 for n in ids.values() if n > 1) + sum(1 for i in ids if i >= records)
+    return {"rows": len(rows), "true": records, "missing": missing, "extra": extra,
+            "exact": missing == 0 and extra == 0}
+
+
 # -- summary --------------------------------------------------------------------------------
 
 
 def summarise(runs: list[dict]) -> dict:
     summary: dict = {}
-    for op in ("join", "dedup"):
+    for op in ("join", "dedup", "read"):
         rounds: dict = collections.defaultdict(dict)
         entry: dict = {}
         for side in ("kw", "spark"):
@@ -272,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(truth_join):,} true matches, {sum(truth_dedup.values()):,} true firsts")
         request = {"bootstrap": broker.bootstrap_servers, "workspace": workspace,
                    "repeat": args.repeat, "configs": args.configs, "topics": topics,
-                   "records": n, "batches": args.batches, "budget_s": args.budget}
+                   "records": n, "batches": args.batches, "budget_s": args.budget,
+                   "warmup": args.warmup}
         log(f"measuring in the baseline interpreter (PySpark {BASELINE_PYSPARK}, "
             f"{kafka_package()}); its log: {workspace}/child.log")
         reply = run_baseline(os.path.join(BENCH_DIR, "joins_child.py"), request,
@@ -280,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         for run in reply["runs"]:
             rows = read_out(run.pop("out"))
             run["check"] = (check_join(rows, truth_join) if run["config"].endswith("join")
+                            else check_read(rows, n) if run["config"].endswith("read")
                             else check_dedup(rows, truth_dedup))
             log(f"round {run['round']}: {run['config']:<11} "
                 f"{run['warm_records_per_s'] or 0:>9,.0f} records/s warm; {run['check']}")
