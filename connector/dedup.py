@@ -12,6 +12,7 @@ per grouping key of Spark's state store with ``transformWithState``.
 
 from __future__ import annotations
 
+import os
 import pickle
 from collections.abc import Iterator, Sequence
 
@@ -59,6 +60,8 @@ CHUNKS = 16
 # the key columns, one value per key: Spark refuses such a checkpoint at start (its grouping
 # key differs; the error names kwatermark_dedup_bucket), see docs/dedup.md.
 LAYOUT = 2
+# A directory: each task's processor writes a cProfile there (bench/README.md, dedup profile).
+PROFILE_ENV = "KWATERMARK_DEDUP_PROFILE"
 
 
 def drop_duplicates(df: DataFrame | Sequence[DataFrame], cols: Sequence[str], within: str
@@ -125,6 +128,12 @@ class DedupProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
+        self._profile = None
+        if os.environ.get(PROFILE_ENV):
+            import cProfile
+
+            self._profile = cProfile.Profile()
+            self._profile.enable()
         self.index = handle.getValueState("dedup_index", _INDEX_SCHEMA)
         self.store = _MapChunks(handle.getMapState(
             "dedup_chunks", StructType([StructField("chunk", IntegerType(), True)]),
@@ -168,6 +177,12 @@ class DedupProcessor(StatefulProcessor):
         bucket.fire(self.within_ms, watermark)
         self._save(bucket.index, watermark)
         return iter(())
+
+    def close(self) -> None:
+        if self._profile is not None:
+            self._profile.disable()
+            self._profile.dump_stats(os.path.join(os.environ[PROFILE_ENV],
+                                                  f"{os.getpid()}-{id(self):x}.prof"))
 
     def _load(self) -> FirstsIndex:
         stored = self.index.get()
