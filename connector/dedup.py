@@ -55,7 +55,7 @@ BUCKET, CHUNK = "kwatermark_dedup_bucket", "kwatermark_chunk"
 # firsts are held in CHUNKS map-state values by a second hash (one state read and write per
 # touched chunk instead of per key). Measured in bench/bench_joins.py.
 KEY_BUCKETS = 32
-CHUNKS = 16
+CHUNKS = 4
 # The state layout, recorded in every bucket's index. Layout 1 (before buckets) grouped by
 # the key columns, one value per key: Spark refuses such a checkpoint at start (its grouping
 # key differs; the error names kwatermark_dedup_bucket), see docs/dedup.md.
