@@ -80,9 +80,19 @@ def build(spark, config: str, request: dict):
                              F.substring(F.col("r.value"), 1, ID_CHARS).cast("string")
                              .alias("right_id"),
                              F.lit("match").alias("kind"))
-    if config == "kw-dedup":
-        unique = drop_duplicates(read(spark, "kwatermark", request, topics["dedup"]), ["key"],
-                                 within="1 second")
+    if config.startswith("kw-dedup"):
+        from kwatermark import dedup
+
+        # kw-dedup-cN: N chunks per bucket instead of dedup.CHUNKS (the chunk column is
+        # computed when the query is built; an A/B of the state's round trips in one session).
+        default = dedup.CHUNKS
+        if config.startswith("kw-dedup-c"):
+            dedup.CHUNKS = int(config[len("kw-dedup-c"):])
+        try:
+            unique = drop_duplicates(read(spark, "kwatermark", request, topics["dedup"]),
+                                     ["key"], within="1 second")
+        finally:
+            dedup.CHUNKS = default
         return unique.select(F.col("key").cast("string").alias("key"),
                              ident("value").alias("id"), "kind")
     if config in ("kw-read", "spark-read"):
