@@ -109,8 +109,8 @@ def drop_duplicates(df: DataFrame | Sequence[DataFrame], cols: Sequence[str], wi
                          StructField("kind", StringType(), False)])
     return (follow_watermarks(prepared, MARK)
             .groupBy(BUCKET)
-            .transformWithState(DedupProcessor(within_ms, names, cols, output.names), output,
-                                "Append", "EventTime"))
+            .transformWithState(DedupProcessor(within_ms, names, cols, output.names, CHUNKS),
+                                output, "Append", "EventTime"))
 
 
 class DedupProcessor(StatefulProcessor):
@@ -119,8 +119,10 @@ class DedupProcessor(StatefulProcessor):
     the chunks (``{key: [first event time, ...]}``, pickled) in a map state, and one event-time
     timer at the bucket's earliest release."""
 
-    def __init__(self, within_ms: int, columns: list[str], cols: list[str], output: list[str]):
+    def __init__(self, within_ms: int, columns: list[str], cols: list[str], output: list[str],
+                 chunks: int):
         self.within_ms = within_ms
+        self.chunks = chunks
         self.columns = columns
         self.cols = cols
         # Spark converts output rows by field name: a Row class with the output's names.
@@ -189,17 +191,21 @@ class DedupProcessor(StatefulProcessor):
         if not stored:
             return FirstsIndex()
         layout, data = stored
-        if layout != LAYOUT:
+        chunks, wakes = pickle.loads(data) if layout == LAYOUT else (None, None)
+        if layout != LAYOUT or chunks != self.chunks:
+            # A key's chunk is its hash modulo the chunk count: read with another count, its
+            # firsts would not be found and its duplicates would come out again.
             raise JoinError(
-                f"this checkpoint's dedup state has layout {layout}; this kwatermark reads "
-                f"layout {LAYOUT}: run the kwatermark version that wrote the checkpoint, or "
-                f"start on a new checkpoint")
-        return FirstsIndex(pickle.loads(data))
+                f"this checkpoint's dedup state has layout {layout}"
+                + (f" with {chunks} chunks per bucket" if chunks is not None else "")
+                + f"; this kwatermark reads layout {LAYOUT} with {self.chunks}: run the "
+                f"kwatermark version that wrote the checkpoint, or start on a new checkpoint")
+        return FirstsIndex(wakes)
 
     def _save(self, index: FirstsIndex, watermark: int) -> None:
         wake_at(self.handle, index.wake_up(), watermark)
         if index.wakes:
-            self.index.update((LAYOUT, pickle.dumps(index.wakes, protocol=5)))
+            self.index.update((LAYOUT, pickle.dumps((self.chunks, index.wakes), protocol=5)))
         else:
             self.index.clear()
 

@@ -54,3 +54,31 @@ def test_a_bucket_decides_as_one_keyfirsts_per_key(within, raw, steps, fires):
         stored = store.chunks.get(k % 3, {}).get((k,), [])
         assert sorted(stored) == sorted(held.firsts)        # released exactly as per key
     assert all(wake > marks[6] for wake in bucket.index.wakes.values())
+
+
+def test_a_checkpoint_with_another_chunk_count_is_refused_with_what_to_do():
+    """A key's chunk is its hash modulo the chunk count: read with another count, its firsts
+    would not be found and its duplicates would come out again."""
+    import pickle
+
+    import pytest
+
+    from kwatermark.dedup import CHUNKS, LAYOUT, DedupProcessor
+    from kwatermark.joining import JoinError
+
+    class Stored:
+        def __init__(self, value):
+            self.value = value
+
+        def get(self):
+            return self.value
+
+    processor = DedupProcessor(1_000, ["key"], ["key"], ["key", "kind"], CHUNKS)
+    processor.index = Stored((LAYOUT, pickle.dumps((CHUNKS, {0: 5}))))
+    assert processor._load().wakes == {0: 5}
+    processor.index = Stored((LAYOUT, pickle.dumps((CHUNKS + 1, {0: 5}))))
+    with pytest.raises(JoinError, match="new checkpoint"):
+        processor._load()
+    processor.index = Stored((LAYOUT + 1, b""))
+    with pytest.raises(JoinError, match=f"layout {LAYOUT + 1}"):
+        processor._load()
