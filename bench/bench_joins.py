@@ -27,7 +27,8 @@ rows. Throughput: records of the batches after the first with data over the sum 
 topic alone into the same sink (the sources' share of a run). An unmeasured warm-up round
 runs every configuration first (``--no-warmup``: none). Writes ``bench/results/joins.json``.
 
-Run: ``python bench/bench_joins.py`` (20,000 records, 3 rounds: about 15 minutes on 2 cores);
+Run: ``python bench/bench_joins.py`` (20,000 records, a warm-up and 3 rounds: about 5 minutes
+on 2 cores at load ~10);
 ``--records 4000 --repeat 1 --results /tmp/jb`` for a trial.
 """
 
