@@ -58,6 +58,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -270,6 +271,7 @@ def latency(args: argparse.Namespace) -> int:
                              log_path=os.path.join(workspace, "child.log"))
     finally:
         broker.stop()
+        shutil.rmtree(workspace, ignore_errors=True)
     if reply["errors"]:
         raise RuntimeError(f"a query failed: {reply['errors']}")
     # Windows that began after the queries' first 30 s (Python workers start) and ended
@@ -405,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
             + (f"; counted {counted:,} of {args.records:,}" if counted is not None else ""))
     if reply.get("error"):
         log(f"the measuring stopped early: {reply['error'][:1000]}")
+    shutil.rmtree(workspace, ignore_errors=True)  # checkpoints and sinks, checked above
     if args.profile:
         return 0
     summary = summarise(runs, args.records)
