@@ -597,20 +597,28 @@ class WindowIndex:
 
 
 class ChunkStore:
-    """Where :class:`BucketWindows` keeps chunks (a chunk: parallel lists of keys and
-    accumulators). A dict here; the shell passes one backed by Spark's state store."""
+    """Where :class:`BucketWindows` keeps chunks. A chunk is ``{window: (keys, accs)}``: some
+    windows' partials for some keys (a checkpoint of the first chunked layout holds one
+    window's ``(keys, accs)`` instead, read as such). A dict here; the shell passes one backed
+    by Spark's state store."""
 
     def __init__(self):
-        self.chunks: dict[int, tuple[list, list]] = {}
+        self.chunks: dict[int, object] = {}
 
-    def get(self, chunk: int) -> tuple[list, list]:
+    def get(self, chunk: int) -> object:
         return self.chunks[chunk]
 
-    def put(self, chunk: int, keys: list, accs: list) -> None:
-        self.chunks[chunk] = (keys, accs)
+    def put(self, chunk: int, data: object) -> None:
+        self.chunks[chunk] = data
 
     def remove(self, chunk: int) -> None:
         del self.chunks[chunk]
+
+
+# Windows given partials in one call share a chunk, up to this many: one state-store write
+# (and, when they complete together, one read and one removal) for all of them instead of one
+# per window. Bounded because a window fired alone reads its chunk's other windows too.
+WINDOWS_PER_CHUNK = 16
 
 
 class BucketWindows:
@@ -618,22 +626,30 @@ class BucketWindows:
     every key, the same emissions as that key's :class:`KeyWindows` (per key and window in
     the same order), at a cost set by what a micro-batch touches:
 
-    * partials for a window the watermark has not completed are appended as one chunk,
-      nothing read;
+    * partials for windows the watermark has not completed are appended, nothing read: one
+      chunk for up to :data:`WINDOWS_PER_CHUNK` such windows;
     * a window the watermark completed (with pending partials, or touched by allowed-late
-      ones) is read, emitted and, while its lateness lasts, written back as one chunk;
-    * a window past its lateness with nothing pending is dropped without being read.
+      ones) is read, emitted and, while its lateness lasts, written back (the windows written
+      back by one call share a chunk);
+    * a window past its lateness with nothing pending is dropped without being read;
+    * a chunk is removed once no window refers to it, and read at most once per call.
+
+    Call :meth:`apply_partials` or :meth:`fire` once per instance (the shell makes one per
+    call): each writes its new chunks as it returns.
     """
 
     def __init__(self, index: WindowIndex, store: ChunkStore):
         self.index = index
         self.store = store
+        self._read: dict[int, object] = {}          # chunks read (or written) by this call
+        self._new: dict[tuple[int, int], tuple[list, list]] = {}
+        self._new_id: int | None = None              # the written-back windows' chunk
 
     def apply_partials(self, spec: WindowSpec, keys: Sequence[tuple], partials: Partials,
                        watermark: int) -> list[tuple[tuple, Emission]]:
         """:meth:`KeyWindows.apply_partials` for every key at once: ``keys[i]`` is the key of
         partial ``i``. Returns (key, emission) pairs."""
-        out = self.fire(spec, watermark)
+        out = self._fire(spec, watermark)
         length = spec.assigner.length_ms
         fresh: dict[tuple[int, int], tuple[list, list]] = {}
         late: dict[tuple, list] = {}
@@ -650,13 +666,19 @@ class BucketWindows:
                 else:
                     chunk[0].append(key)
                     chunk[1].append(acc)
+        ahead = []
         for window in sorted(fresh):
             added_keys, added = fresh[window]
             if window[1] - 1 > watermark:
-                entry = self.index.windows.setdefault(window, WindowEntry())
-                entry.deltas.append(self._put(added_keys, added))
+                ahead.append(window)
             else:
                 out += self._fold(spec, window, watermark, added_keys, added)
+        for at in range(0, len(ahead), WINDOWS_PER_CHUNK):
+            group = ahead[at:at + WINDOWS_PER_CHUNK]
+            chunk = self._put({window: fresh[window] for window in group})
+            for window in group:
+                self.index.windows.setdefault(window, WindowEntry()).deltas.append(chunk)
+        self._flush()
         order = sorted(late, key=lambda at: (at[1][0] is not None, at[1][0] or 0))
         return out + [(key, Emission(LATE, *window, spec.results(late[(key, window)])))
                       for key, window in order]
@@ -664,6 +686,11 @@ class BucketWindows:
     def fire(self, spec: WindowSpec, watermark: int) -> list[tuple[tuple, Emission]]:
         """:meth:`KeyWindows.fire` for every key: emit the windows the watermark completed
         that have pending partials; drop the ones past their lateness."""
+        out = self._fire(spec, watermark)
+        self._flush()
+        return out
+
+    def _fire(self, spec: WindowSpec, watermark: int) -> list[tuple[tuple, Emission]]:
         out = []
         for window in sorted(self.index.windows):
             entry = self.index.windows[window]
@@ -678,17 +705,17 @@ class BucketWindows:
     def _fold(self, spec: WindowSpec, window: tuple[int, int], watermark: int,
               added_keys: list, added: list) -> list[tuple[tuple, Emission]]:
         """A completed window read, fired, given ``added`` (KeyWindows' fire, add, fire) and
-        written back as one chunk or dropped."""
+        written back or dropped."""
         entry = self.index.windows.get(window)
         if entry is not None and entry.fired is None and not added_keys:
             return self._first_firing(spec, window, watermark, entry)
         slots: dict[tuple, Slot] = {}
         if entry is not None:
             if entry.fired is not None:
-                for key, acc in zip(*self.store.get(entry.fired)):
+                for key, acc in zip(*self._get(entry.fired, window)):
                     slots[key] = Slot(acc, emitted=True, pending=False)
             for chunk in entry.deltas:
-                for key, acc in zip(*self.store.get(chunk)):
+                for key, acc in zip(*self._get(chunk, window)):
                     _add_slot(spec, slots, key, acc)
         out = _fire_slots(spec, window, slots, watermark)
         if window[1] - 1 + spec.lateness_ms <= watermark:
@@ -703,8 +730,7 @@ class BucketWindows:
         if slots:
             # Every slot is emitted and nothing is pending after a fire at a watermark past
             # the window's end.
-            self.index.windows[window] = WindowEntry(self._put(list(slots),
-                                                               [s.acc for s in slots.values()]))
+            self._write_back(window, list(slots), [s.acc for s in slots.values()])
         return out
 
     def _first_firing(self, spec: WindowSpec, window: tuple[int, int], watermark: int,
@@ -713,24 +739,48 @@ class BucketWindows:
         (the common case, without a slot per key)."""
         accs: dict[tuple, list] = {}
         for chunk in entry.deltas:
-            for key, acc in zip(*self.store.get(chunk)):
+            for key, acc in zip(*self._get(chunk, window)):
                 known = accs.get(key)
                 accs[key] = acc if known is None else spec.merge(known, acc)
         self._drop(window)
         if window[1] - 1 + spec.lateness_ms > watermark:
-            self.index.windows[window] = WindowEntry(self._put(list(accs), list(accs.values())))
+            self._write_back(window, list(accs), list(accs.values()))
         return [(key, Emission(FINAL, *window, spec.results(acc))) for key, acc in accs.items()]
 
-    def _put(self, keys: list, accs: list) -> int:
+    def _get(self, chunk: int, window: tuple[int, int]) -> tuple[list, list]:
+        data = self._read.get(chunk)
+        if data is None:
+            data = self._read[chunk] = self.store.get(chunk)
+        return data[window] if isinstance(data, dict) else data   # else: one window's, as before
+
+    def _put(self, windows: dict[tuple[int, int], tuple[list, list]]) -> int:
         chunk = self.index.next_chunk
         self.index.next_chunk += 1
-        self.store.put(chunk, keys, accs)
+        self.store.put(chunk, windows)
         return chunk
+
+    def _write_back(self, window: tuple[int, int], keys: list, accs: list) -> None:
+        """A fired window's slots into this call's write-back chunk (written by _flush)."""
+        if self._new_id is None:
+            self._new_id = self.index.next_chunk
+            self.index.next_chunk += 1
+            self._read[self._new_id] = self._new
+        self._new[window] = (keys, accs)
+        self.index.windows[window] = WindowEntry(self._new_id)
+
+    def _flush(self) -> None:
+        if self._new:
+            self.store.put(self._new_id, self._new)
 
     def _drop(self, window: tuple[int, int]) -> None:
         entry = self.index.windows.pop(window)
         for chunk in ([] if entry.fired is None else [entry.fired]) + entry.deltas:
-            self.store.remove(chunk)
+            if chunk == self._new_id:
+                self._new.pop(window, None)
+            elif not any(chunk == e.fired or chunk in e.deltas
+                         for e in self.index.windows.values()):
+                self.store.remove(chunk)
+                self._read.pop(chunk, None)
 
 
 def _add_slot(spec: WindowSpec, slots: dict, key: tuple, acc: list) -> None:
@@ -776,9 +826,10 @@ def index_of_key_windows(spec: WindowSpec, keys: dict[tuple, dict], store: Chunk
         fired, pending = by_window[window]
         entry = index.windows[window] = WindowEntry()
         if fired:
-            entry.fired = bucket._put(list(fired), list(fired.values()))
+            entry.fired = bucket._put({window: (list(fired), list(fired.values()))})
         if pending:
-            entry.deltas.append(bucket._put(list(pending), list(pending.values())))
+            entry.deltas.append(bucket._put({window: (list(pending),
+                                                      list(pending.values()))}))
     return index
 
 

@@ -437,16 +437,16 @@ _INDEX_SCHEMA = StructType([StructField("layout", IntegerType(), True),
 
 
 class _MapChunks(ChunkStore):
-    """Chunks in a ``MapState`` (chunk id -> pickled keys and accumulators)."""
+    """Chunks in a ``MapState`` (chunk id -> a pickled :class:`ChunkStore` chunk)."""
 
     def __init__(self, state):
         self.state = state
 
-    def get(self, chunk: int) -> tuple[list, list]:
+    def get(self, chunk: int) -> object:
         return pickle.loads(self.state.getValue((chunk,))[0])
 
-    def put(self, chunk: int, keys: list, accs: list) -> None:
-        self.state.updateValue((chunk,), (pickle.dumps((keys, accs), protocol=5),))
+    def put(self, chunk: int, data: object) -> None:
+        self.state.updateValue((chunk,), (pickle.dumps(data, protocol=5),))
 
     def remove(self, chunk: int) -> None:
         self.state.removeKey((chunk,))

@@ -690,13 +690,16 @@ def raw_rows(rows_) -> Rows:
                 {"v": np.asarray([np.nan if v is None else v for *_, v in rows_])})
 
 
-def bucket_drive(spec_, batches, flush, store):
+def bucket_drive(spec_, batches, flush, store, layout_2_after=None):
     """The processor's calls on one bucket: the batch's partials (from row_partials, per key,
     keys interleaved), then the timer phase; the index and chunks pickled between calls as
-    the shell stores them."""
+    the shell stores them. ``layout_2_after``: after that many batches, the state rewritten
+    as the first chunked layout stored it (a checkpoint of that version going on)."""
     index, out = windowing.WindowIndex(), []
     marks = watermarks_at_batch_starts([[(t, w, v) for _, t, w, v in b] for b in batches])
-    for batch, mark in zip(batches + [[]], marks):
+    for n, (batch, mark) in enumerate(zip(batches + [[]], marks)):
+        if n == layout_2_after:
+            as_layout_2(index, store)
         s = NO_WATERMARK if mark is None else mark
         emitted = []
         if batch:
@@ -723,6 +726,22 @@ def bucket_drive(spec_, batches, flush, store):
     return out, index
 
 
+def as_layout_2(index, store):
+    """``index`` and ``store`` rewritten as the first chunked layout stored them: every chunk
+    one window's ``(keys, accs)``."""
+    old = dict(store.chunks)
+    store.chunks.clear()
+    for window, entry in index.windows.items():
+        moved = []
+        for chunk in ([] if entry.fired is None else [entry.fired]) + entry.deltas:
+            store.chunks[index.next_chunk] = old[chunk][window]
+            moved.append(index.next_chunk)
+            index.next_chunk += 1
+        if entry.fired is not None:
+            entry.fired = moved.pop(0)
+        entry.deltas = moved
+
+
 def by_key(out):
     """Per batch, per key: the emissions in order; per (key, window) the order is what a
     sink applies, across keys it does not matter."""
@@ -747,6 +766,50 @@ def test_a_bucket_stored_window_by_window_emits_what_each_keys_windows_emit(
     got, index = bucket_drive(spec_, rows_, flush, store)
     assert by_key(got) == by_key(per_key_drive(spec_, rows_, flush))
     assert not index.windows and not store.chunks      # everything released at the end
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), streams(), fixed_assigners, st.sampled_from([0, 1, 5, 40]))
+def test_a_bucket_of_one_window_chunks_goes_on_as_if_never_rewritten(data, batches, geometry,
+                                                                     lateness):
+    """A checkpoint whose chunks hold one window each (before windows shared chunks) is read
+    as it is, and its chunks are released."""
+    size, slide, offset = geometry
+    assigner = Tumbling(size, offset) if size == slide else Sliding(size, slide, offset)
+    spec_ = WindowSpec(assigner, ALL_AGGS[:6], lateness)
+    rows_ = keyed(batches, data.draw(st.lists(st.sampled_from(["a", "b", "c"]),
+                                              min_size=sum(map(len, batches)),
+                                              max_size=sum(map(len, batches)))))
+    store = windowing.ChunkStore()
+    got, index = bucket_drive(spec_, rows_, 1_000, store,
+                              layout_2_after=data.draw(st.integers(0, len(rows_))))
+    assert by_key(got) == by_key(per_key_drive(spec_, rows_, 1_000))
+    assert not index.windows and not store.chunks
+
+
+def test_windows_given_partials_in_one_call_share_a_chunk():
+    """One state-store write for a batch's windows (up to WINDOWS_PER_CHUNK), and the chunk
+    is removed with its last window."""
+    spec_ = WindowSpec(Tumbling(10), COUNT, 0)
+    store = windowing.ChunkStore()
+    bucket = windowing.BucketWindows(windowing.WindowIndex(), store)
+    starts = [0, 10, 20, 30, 0]
+    assert bucket.apply_partials(spec_, [("a",)] * 4 + [("b",)],
+                                 windowing.Partials(starts, [False] * 5, [[1]] * 5),
+                                 watermark=-1) == []
+    assert len(store.chunks) == 1
+    first = windowing.BucketWindows(bucket.index, store).fire(spec_, 19)
+    assert [(k, e.start, e.values) for k, e in first] == [(("a",), 0, [1]), (("b",), 0, [1]),
+                                                          (("a",), 10, [1])]
+    assert len(store.chunks) == 1                       # windows 20 and 30 still in it
+    rest = windowing.BucketWindows(bucket.index, store).fire(spec_, 39)
+    assert [(k, e.start) for k, e in rest] == [(("a",), 20), (("a",), 30)]
+    assert not store.chunks and not bucket.index.windows
+    many = windowing.BucketWindows(windowing.WindowIndex(), store)
+    n = windowing.WINDOWS_PER_CHUNK + 1
+    many.apply_partials(spec_, [("a",)] * n, windowing.Partials(
+        [10 * i for i in range(n)], [False] * n, [[1]] * n), watermark=-1)
+    assert len(store.chunks) == 2
 
 
 @settings(max_examples=200, deadline=None)
