@@ -11,22 +11,13 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
+
+from child_run import ROCKSDB, WORKER_DID_NOT_CONNECT, available_now, fresh, log
 
 from tests.support.sparkkafka import baseline_session, child_io
 
 WINDOW = "10 seconds"
 SPARK_DELAY = "10 seconds"
-WORKER_DID_NOT_CONNECT = "Python worker failed to connect back"
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def fresh(workspace: str, kind: str) -> str:
-    return os.path.join(workspace, f"{kind}-{uuid.uuid4().hex[:8]}")
 
 
 def read_options(bootstrap: str, topic: str, fmt: str, workspace: str) -> dict[str, str]:
@@ -103,28 +94,15 @@ def windowed(spark, config: str, request: dict) -> dict:
                                   F.unix_millis("window.start").alias("start"),
                                   F.col("count").alias("n"))
     out = fresh(workspace, f"out-{config}")
-    started = time.perf_counter()
-    query = (out_frame.writeStream.outputMode("append").format("parquet").option("path", out)
-             .option("checkpointLocation", fresh(workspace, "checkpoint"))
-             .trigger(availableNow=True).start())
-    query.awaitTermination(1800)
-    wall = time.perf_counter() - started
-    if query.isActive:
-        query.stop()
-        raise RuntimeError(f"windows {config}: did not finish in 1800 s")
-    if query.exception() is not None:
-        raise RuntimeError(f"windows {config} failed: {query.exception()}")
-    progress = list(query.recentProgress)
-    read = sum(p.numInputRows for p in progress)
-    data = [p for p in progress if p.numInputRows > 0]
-    later = progress[progress.index(data[0]) + 1:]
-    warm_s = sum(p.durationMs.get("triggerExecution", 0) for p in later) / 1000.0
-    warm_rows = sum(p.numInputRows for p in later)
-    dropped = sum(op.numRowsDroppedByWatermark for p in progress
+    run = available_now(out_frame.writeStream.outputMode("append").format("parquet")
+                        .option("path", out)
+                        .option("checkpointLocation", fresh(workspace, "checkpoint")),
+                        f"windows {config}")
+    dropped = sum(op.numRowsDroppedByWatermark for p in run.progress
                   for op in (p.stateOperators or []))
-    return {"read": read, "wall_s": wall, "wall_records_per_s": read / wall,
-            "warm_records_per_s": warm_rows / warm_s if warm_s else None,
-            "batches": len(progress), "dropped_by_watermark": dropped, "out": out}
+    return {"read": run.read, "wall_s": run.wall_s, "wall_records_per_s": run.read / run.wall_s,
+            "warm_records_per_s": run.warm_records_per_s,
+            "batches": len(run.progress), "dropped_by_watermark": dropped, "out": out}
 
 
 def one_run(spark, request: dict, topics: dict, kind: str, partitions: int, fmt: str) -> dict:

@@ -15,22 +15,13 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
+
+from child_run import ROCKSDB, WORKER_DID_NOT_CONNECT, available_now, fresh, log
 
 from tests.support.sparkkafka import baseline_session, child_io
 
 DELAY = "1 second"          # Spark's withWatermark delay; kwatermark's interval / within: 1 s
 ID_CHARS = 10               # every value starts with the record's id, 10 digits
-WORKER_DID_NOT_CONNECT = "Python worker failed to connect back"
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def fresh(workspace: str, kind: str) -> str:
-    return os.path.join(workspace, f"{kind}-{uuid.uuid4().hex[:8]}")
 
 
 def read(spark, fmt: str, request: dict, topic: str):
@@ -117,27 +108,15 @@ def run_one(spark, config: str, request: dict) -> dict:
     bench/run.py); state: the largest figures any state operator reported."""
     out = fresh(request["workspace"], f"out-{config}")
     frame = build(spark, config, request)
-    started = time.perf_counter()
-    query = (frame.writeStream.outputMode("append").format("parquet").option("path", out)
-             .option("checkpointLocation", fresh(request["workspace"], "checkpoint"))
-             .trigger(availableNow=True).start())
-    query.awaitTermination(1800)
-    wall = time.perf_counter() - started
-    if query.isActive:
-        query.stop()
-        raise RuntimeError(f"{config}: the AvailableNow run did not finish in 1800 s")
-    if query.exception() is not None:
-        raise RuntimeError(f"{config} failed: {query.exception()}")
-    progress = list(query.recentProgress)
-    read_rows = sum(p.numInputRows for p in progress)
-    data = [p for p in progress if p.numInputRows > 0]
-    later = progress[progress.index(data[0]) + 1:]
-    warm_s = sum(p.durationMs.get("triggerExecution", 0) for p in later) / 1000.0
-    warm_rows = sum(p.numInputRows for p in later)
+    run = available_now(frame.writeStream.outputMode("append").format("parquet")
+                        .option("path", out)
+                        .option("checkpointLocation", fresh(request["workspace"], "checkpoint")),
+                        config)
+    progress = run.progress
     state = [op for p in progress for op in (p.stateOperators or [])]
-    return {"read": read_rows, "batches": len(progress), "wall_s": wall,
-            "wall_records_per_s": read_rows / wall,
-            "warm_s": warm_s, "warm_records_per_s": warm_rows / warm_s if warm_s else None,
+    return {"read": run.read, "batches": len(progress), "wall_s": run.wall_s,
+            "wall_records_per_s": run.read / run.wall_s,
+            "warm_s": run.warm_s, "warm_records_per_s": run.warm_records_per_s,
             "batch_ms": [p.durationMs.get("triggerExecution", 0) for p in progress],
             "state_rows_max": max((op.numRowsTotal for op in state), default=0),
             "state_bytes_max": max((op.memoryUsedBytes for op in state), default=0),

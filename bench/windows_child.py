@@ -17,25 +17,16 @@ import random
 import sys
 import threading
 import time
-import uuid
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH_DIR)
+
+from child_run import ROCKSDB, WORKER_DID_NOT_CONNECT, available_now, fresh, log
 
 from tests.support.sparkkafka import baseline_session, child_io
 
 PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-WORKER_DID_NOT_CONNECT = "Python worker failed to connect back"
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def fresh(workspace: str, kind: str) -> str:
-    return os.path.join(workspace, f"{kind}-{uuid.uuid4().hex[:8]}")
 
 
 # -- CPU by party (JVM vs Python), from /proc --------------------------------------------------
@@ -138,24 +129,13 @@ def run_one(spark, config: str, request: dict, topic: str, per_trigger: int, rec
         out = fresh(workspace, f"out-{config}")
         writer = writer.outputMode("append").format("parquet").option("path", out)
     cpu = _tree_cpu()
-    started = time.perf_counter()
-    query = writer.trigger(availableNow=True).start()
-    query.awaitTermination(1800)
-    wall = time.perf_counter() - started
+    run = available_now(writer, config)
     cpu = cpu_since(cpu)
-    if query.isActive:
-        query.stop()
-        raise RuntimeError(f"{config}: the AvailableNow run did not finish in 1800 s")
-    if query.exception() is not None:
-        raise RuntimeError(f"{config} failed: {query.exception()}")
-    progress = list(query.recentProgress)
-    read = sum(p.numInputRows for p in progress)
+    progress, read, wall = run.progress, run.read, run.wall_s
     if read < records:
         raise RuntimeError(f"{config}: read {read} records, expected at least {records}")
-    data = [p for p in progress if p.numInputRows > 0]
-    later = progress[progress.index(data[0]) + 1:]
-    trigger_s = sum(p.durationMs.get("triggerExecution", 0) for p in later) / 1000.0
-    rows = sum(p.numInputRows for p in later)
+    data = run.data
+    trigger_s, rows = run.warm_s, run.warm_records
     state = [op for p in progress for op in (p.stateOperators or [])]
     full_ms = [p.durationMs.get("triggerExecution", 0) for p in data
                if p.numInputRows >= per_trigger // 2]
