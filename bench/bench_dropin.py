@@ -90,15 +90,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # -- broker and data -----------------------------------------------------------------------
 
 
-def open_broker(bootstrap: str | None) -> common.Broker:
-    if bootstrap:
-        return common.Broker(bootstrap, "external")
-    from kwatermark.localbroker import LocalBroker
-
-    local = LocalBroker.start(kind="kafka")
-    return common.Broker(local.bootstrap_servers, "kafka", local)
-
-
 def produce_windows(broker: common.Broker, topic: str, records: int, lag_ms: int
                     ) -> tuple[collections.Counter, int]:
     """Record i: partition i % 4, key k{i % 1000}, event time T0 + i ms, the last partition
@@ -240,7 +231,7 @@ def report(summary: dict, results: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    broker = open_broker(args.bootstrap_servers)
+    broker = common.Broker.open(args.bootstrap_servers, kind="kafka")
     log(f"broker: {broker.kind} at {broker.bootstrap_servers}")
     if args.profile:
         try:

@@ -89,15 +89,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def open_broker(bootstrap: str | None) -> common.Broker:
-    if bootstrap:
-        return common.Broker(bootstrap, "external")
-    from kwatermark.localbroker import LocalBroker
-
-    local = LocalBroker.start(kind="kafka")
-    return common.Broker(local.bootstrap_servers, "kafka", local)
-
-
 # -- data and ground truth ------------------------------------------------------------------
 
 
@@ -254,7 +245,7 @@ def report(summary: dict, results: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    broker = open_broker(args.bootstrap_servers)
+    broker = common.Broker.open(args.bootstrap_servers, kind="kafka")
     log(f"broker: {broker.kind} at {broker.bootstrap_servers}")
     workspace = tempfile.mkdtemp(prefix="kwatermark-bench-joins-")
     n, keys, parts = args.records, args.keys, args.partitions

@@ -133,13 +133,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def open_broker(bootstrap: str | None) -> common.Broker:
-    if bootstrap:
-        return common.Broker(bootstrap, "external")
-    from kwatermark.localbroker import LocalBroker
-
-    local = LocalBroker.start(kind="kafka")
-    return common.Broker(local.bootstrap_servers, "kafka", local)
 # -- data and ground truth --------------------------------------------------------------------
 
 
@@ -241,7 +234,7 @@ def latency(args: argparse.Namespace) -> int:
     disorder_ms = parse_duration_ms("--disorder", args.disorder)
     configs = [c for c in args.configs if c not in ("source", "kafka-source")] or \
         ["kwatermark", "spark"]
-    broker = open_broker(args.bootstrap_servers)
+    broker = common.Broker.open(args.bootstrap_servers, kind="kafka")
     log(f"broker: {broker.kind} at {broker.bootstrap_servers}")
     workspace = tempfile.mkdtemp(prefix="kwatermark-bench-windows-")
     results: dict = {
@@ -353,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         args.configs = [c for c in args.configs if c.startswith("kwatermark")] or \
             ["kwatermark"]
         args.repeat = 1
-    broker = open_broker(args.bootstrap_servers)
+    broker = common.Broker.open(args.bootstrap_servers, kind="kafka")
     log(f"broker: {broker.kind} at {broker.bootstrap_servers}")
     workspace = tempfile.mkdtemp(prefix="kwatermark-bench-windows-")
     per_trigger = -(-args.records // args.batches)

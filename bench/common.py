@@ -35,17 +35,18 @@ FLOOR_BATCH = 10_000
 @dataclass
 class Broker:
     bootstrap_servers: str
-    kind: str                 # "tansu" (started here) or "external"
+    kind: str                 # "tansu" or "kafka" (started here), or "external"
     _local: object = None
 
     @classmethod
-    def open(cls, bootstrap_servers: str | None) -> Broker:
+    def open(cls, bootstrap_servers: str | None, kind: str = "tansu") -> Broker:
+        """The broker at ``bootstrap_servers``, else a local one of ``kind`` started here."""
         if bootstrap_servers:
             return cls(bootstrap_servers, "external")
         from kwatermark.localbroker import LocalBroker
 
-        local = LocalBroker.start()
-        return cls(local.bootstrap_servers, "tansu", local)
+        local = LocalBroker.start(kind=kind)
+        return cls(local.bootstrap_servers, kind, local)
 
     @property
     def pid(self) -> int | None:
