@@ -221,7 +221,8 @@ def _combined_schema(prepared: StructType, by: Sequence[str], spec: WindowSpec) 
     """What :class:`Combiner` hands on: the keys, window start, lateness, the accumulators
     (:func:`kwatermark.windowing.accumulator_columns`) and the highest row watermark."""
     fields = [prepared[_BUCKET], *(prepared[c] for c in by), prepared["is_heartbeat"],
-              prepared[_INPUT], StructField(START, LongType(), True), StructField(IS_LATE, BooleanType(), True)]
+              prepared[_INPUT], StructField(START, LongType(), True),
+              StructField(IS_LATE, BooleanType(), True)]
     for agg, columns in zip(spec.aggs, accumulator_columns(spec)):
         source = None if agg.column is None else prepared[agg.column].dataType
         for name, role in columns:
