@@ -16,7 +16,8 @@ from kwatermark.offsets import PartitionState, RangeTask
 from kwatermark.options import parse_options
 from kwatermark.reader import Decoders, RangeReader
 from kwatermark.watermarks import NO_PARTITIONS
-from tests.support.kafka import Record, TestBroker, TopicWriter, test_broker_kind
+from tests.support import kafka as kafka_support
+from tests.support.kafka import Record, TestBroker, TopicWriter
 from tests.support.secrets import gather, leaks
 from tests.support.streams import (
     Batches,
@@ -100,7 +101,7 @@ def test_broker_that_stops_answering_mid_read_fails_the_attempt_then_the_retry_r
     timeout has passed without progress (it does not wait for ever), and Spark's retry, the
     broker answering again, reads every record once. The executor loop alone, frozen the
     same way, shows the attempt's error (in Spark it stays in the executor's log)."""
-    local = LocalBroker.start(kind="tansu" if test_broker_kind() == "tansu" else "kafka")
+    local = LocalBroker.start(kind="tansu" if kafka_support.test_broker_kind() == "tansu" else "kafka")
     own = TestBroker(local.bootstrap_servers, local.kind)
     marker = tmp_path / "frozen"
     try:
