@@ -72,6 +72,22 @@ def offsets(records: list[Record]) -> dict[int, list[tuple[int, Record]]]:
     return {(p, i): r for p, rs in out.items() for i, r in enumerate(rs)}
 
 
+def full_join_truth(lefts: list[Record], rights: list[Record]
+                    ) -> tuple[set[tuple], set[tuple], set[tuple]]:
+    """The full outer interval join (``[-1 s, +1 s]``, same key) of what a test produced, by
+    (partition, offset): the matches, and the left and right rows that the final combined
+    watermark has made unmatched for good."""
+    left_at, right_at = offsets(lefts), offsets(rights)
+    truth = {(lp, rp) for lp, l in left_at.items() for rp, r in right_at.items()
+             if l.key == r.key and l.timestamp - 1_000 <= r.timestamp <= l.timestamp + 1_000}
+    watermark = min(final_watermark(lefts), final_watermark(rights))
+    left_only = {lp for lp, l in left_at.items() if l.timestamp + 1_000 <= watermark
+                 and not any(m[0] == lp for m in truth)}
+    right_only = {rp for rp, r in right_at.items() if r.timestamp + 1_000 <= watermark
+                  and not any(m[1] == rp for m in truth)}
+    return truth, left_only, right_only
+
+
 def test_interval_join_with_a_lagging_partition_gives_every_match_once_and_outer_rows_once(
         spark, broker, topic_factory, tmp_path):
     lefts, rights = topic_factory(2), topic_factory(1)
@@ -84,14 +100,7 @@ def test_interval_join_with_a_lagging_partition_gives_every_match_once_and_outer
         rights.send(right)
         run(joined, str(tmp_path / "checkpoint"), got)
 
-    left_at, right_at = offsets(lefts.produced), offsets(rights.produced)
-    truth = {(lp, rp) for lp, l in left_at.items() for rp, r in right_at.items()
-             if l.key == r.key and l.timestamp - 1_000 <= r.timestamp <= l.timestamp + 1_000}
-    watermark = min(final_watermark(lefts.produced), final_watermark(rights.produced))
-    left_only = {lp for lp, l in left_at.items() if l.timestamp + 1_000 <= watermark
-                 and not any(m[0] == lp for m in truth)}
-    right_only = {rp for rp, r in right_at.items() if r.timestamp + 1_000 <= watermark
-                  and not any(m[1] == rp for m in truth)}
+    truth, left_only, right_only = full_join_truth(lefts.produced, rights.produced)
     assert len(truth) >= 40 and len(left_only) >= 40 and len(right_only) >= 10
 
     def at(row, side):
@@ -109,6 +118,7 @@ def test_interval_join_with_a_lagging_partition_gives_every_match_once_and_outer
     # Restarted between rounds, the same rows as one undisturbed run over all the records.
     calm = run(joined, str(tmp_path / "calm"), Collected())
     assert collections.Counter(rows_of(calm)) == collections.Counter(rows_of(got))
+    left_at = offsets(lefts.produced)
     for r in got.rows:                                           # columns as documented
         if r["kind"] == "match":
             assert epoch_ms(r["left_event_time"]) == left_at[at(r, "left")].timestamp

@@ -13,11 +13,11 @@ import signal
 from tests.integration.test_joins import (
     T0,
     duplicated_across_a_lagging_partition,
+    full_join_truth,
     lagging_left,
     offsets,
 )
 from tests.integration.test_restart import KillableQuery
-from tests.integration.test_windows import final_watermark
 
 KILL_IN_BATCH = 2
 WAIT_S = 420   # a Spark start and the whole stream, on a loaded 2-core machine
@@ -81,14 +81,7 @@ def test_join_killed_mid_batch_and_restarted_emits_every_match_once(
     assert len(restarted) > KILL_IN_BATCH + 1
     assert counted(restarted) == counted(calm)
 
-    left_at, right_at = offsets(lefts.produced), offsets(rights.produced)
-    truth = {(lp, rp) for lp, l in left_at.items() for rp, r in right_at.items()
-             if l.key == r.key and l.timestamp - 1_000 <= r.timestamp <= l.timestamp + 1_000}
-    watermark = min(final_watermark(lefts.produced), final_watermark(rights.produced))
-    left_only = {lp for lp, l in left_at.items() if l.timestamp + 1_000 <= watermark
-                 and not any(m[0] == lp for m in truth)}
-    right_only = {rp for rp, r in right_at.items() if r.timestamp + 1_000 <= watermark
-                  and not any(m[1] == rp for m in truth)}
+    truth, left_only, right_only = full_join_truth(lefts.produced, rights.produced)
     assert len(truth) >= 40 and left_only and right_only
     rows = [row for batch in restarted.values() for row in batch]
     assert collections.Counter(((r[2], r[3]), (r[4], r[5])) for r in rows if r[0] == "match") \
