@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 WORKER_DID_NOT_CONNECT = "Python worker failed to connect back"
@@ -61,3 +62,19 @@ def available_now(writer, label: str, timeout_s: int = 1800) -> Run:
     return Run(progress, wall, sum(p.numInputRows for p in progress),
                sum(p.numInputRows for p in later),
                sum(p.durationMs.get("triggerExecution", 0) for p in later) / 1000.0)
+
+
+def measure_and_reply(spark, reply, session_s: float, load_before: tuple,
+                      measure: Callable[[list], None]) -> None:
+    """Run ``measure(runs)`` (it appends each run's figures to ``runs``), then reply with what
+    was measured, even when it stopped on an error, and stop the session."""
+    runs: list[dict] = []
+    error = None
+    try:
+        measure(runs)
+    except Exception as exc:  # noqa: BLE001 - what was measured is still reported
+        error = f"{type(exc).__name__}: {str(exc)[:2000]}"
+        log(f"stopped: {error}")
+    reply({"spark_version": spark.version, "session_s": session_s, "runs": runs,
+           "error": error, "load_avg_before": load_before, "load_avg_after": os.getloadavg()})
+    spark.stop()

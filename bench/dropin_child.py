@@ -12,7 +12,14 @@ from __future__ import annotations
 import os
 import time
 
-from child_run import ROCKSDB, WORKER_DID_NOT_CONNECT, available_now, fresh, log
+from child_run import (
+    ROCKSDB,
+    WORKER_DID_NOT_CONNECT,
+    available_now,
+    fresh,
+    log,
+    measure_and_reply,
+)
 
 from tests.support.sparkkafka import baseline_session, child_io
 
@@ -145,16 +152,8 @@ def main() -> None:
         configs += [("window", request["window"]["partitions"], fmt)
                     for fmt in ("spark", "kwatermark")]
     topics = {t["partitions"]: t for t in request["read_topics"]}
-    runs: list[dict] = []
-    error = None
-    try:
-        measure(spark, request, configs, topics, runs, reply, started)
-    except Exception as exc:  # noqa: BLE001 - what was measured is still reported
-        error = f"{type(exc).__name__}: {str(exc)[:2000]}"
-        log(f"stopped: {error}")
-    reply({"spark_version": spark.version, "session_s": session_s, "runs": runs,
-           "error": error, "load_avg_before": load_before, "load_avg_after": os.getloadavg()})
-    spark.stop()
+    measure_and_reply(spark, reply, session_s, load_before,
+                      lambda runs: measure(spark, request, configs, topics, runs, reply, started))
 
 
 def measure(spark, request: dict, configs: list, topics: dict, runs: list, reply,

@@ -16,7 +16,14 @@ from __future__ import annotations
 import os
 import time
 
-from child_run import ROCKSDB, WORKER_DID_NOT_CONNECT, available_now, fresh, log
+from child_run import (
+    ROCKSDB,
+    WORKER_DID_NOT_CONNECT,
+    available_now,
+    fresh,
+    log,
+    measure_and_reply,
+)
 
 from tests.support.sparkkafka import baseline_session, child_io
 
@@ -132,16 +139,8 @@ def main() -> None:
                              conf={"spark.sql.streaming.stateStore.providerClass": ROCKSDB})
     session_s = time.perf_counter() - started
     log(f"session: Spark {spark.version} in {session_s:.1f} s")
-    runs: list[dict] = []
-    error = None
-    try:
-        measure(spark, request, runs, reply, started)
-    except Exception as exc:  # noqa: BLE001 - what was measured is still reported
-        error = f"{type(exc).__name__}: {str(exc)[:2000]}"
-        log(f"stopped: {error}")
-    reply({"spark_version": spark.version, "session_s": session_s, "runs": runs,
-           "error": error, "load_avg_before": load_before, "load_avg_after": os.getloadavg()})
-    spark.stop()
+    measure_and_reply(spark, reply, session_s, load_before,
+                      lambda runs: measure(spark, request, runs, reply, started))
 
 
 def measure(spark, request: dict, runs: list, reply, started: float) -> None:
