@@ -194,7 +194,8 @@ def _optional_int(where: str, name: str, value: object) -> int | None:
 
 
 def rate_limit(begins: dict[TopicPartition, int], ends: dict[TopicPartition, int],
-               max_rows: int, priority: dict[TopicPartition, int] | None = None
+               max_rows: int, priority: dict[TopicPartition, int] | None = None,
+               density: dict[TopicPartition, float] | None = None
                ) -> dict[TopicPartition, int]:
     """Spend ``max_rows`` so that no partition with unread records is starved and the
     partitions holding the combined watermark are served first (DESIGN §11).
@@ -203,8 +204,18 @@ def rate_limit(begins: dict[TopicPartition, int], ends: dict[TopicPartition, int
     partitions in ``priority`` order (lower first: the planner passes each partition's
     watermark, so an undefined one, ``UNDEFINED``, comes first). Partitions of equal priority
     share what reaches them in proportion to their lag (:func:`proportional`); with no
-    ``priority`` that is every partition, as in Spark. The total exceeds ``max_rows`` only when
-    more partitions have unread records than ``max_rows``, and then by less than their number.
+    ``priority`` that is every partition, as in Spark.
+
+    The partitions given a ``density`` (records per ms of event time, as they last read) are
+    served together, at the place of the lowest of them, by :func:`fill_levels`: the lowest
+    watermark is raised to the next one, then both, and so on, as far as the budget goes.
+    Served strictly one after the other instead, partitions whose watermarks differ by a few
+    ms (every partition of a topic written at an even pace) took turns: one partition read the
+    whole budget per trigger, on one task, and the combined watermark stood still for all but
+    one trigger of every round.
+
+    The total exceeds ``max_rows`` only when more partitions have unread records than
+    ``max_rows``, and then by less than their number.
     """
     lags = {tp: ends[tp] - begins[tp] for tp in ends if ends[tp] > begins[tp]}
     if sum(lags.values()) <= max_rows:
@@ -212,18 +223,89 @@ def rate_limit(begins: dict[TopicPartition, int], ends: dict[TopicPartition, int
     taken = dict.fromkeys(lags, 1)
     budget = max_rows - len(lags)
     rank = priority or {}
+    filled = {tp: density[tp] for tp in lags if density and tp in rank
+              and 0 < density.get(tp, 0) < math.inf}
     levels: dict[int, dict[TopicPartition, int]] = {}
     for tp, lag in lags.items():
-        levels.setdefault(rank.get(tp, 0), {})[tp] = lag - 1
-    for level in sorted(levels):
+        if tp not in filled:
+            levels.setdefault(rank.get(tp, 0), {})[tp] = lag - 1
+    together = min((rank[tp] for tp in filled), default=None)
+    order = sorted(set(levels) | ({together} if together is not None else set()))
+    for level in order:
         if budget <= 0:
             break
-        rest = levels[level]
-        share = proportional(rest, min(budget, sum(rest.values())))
-        for tp, n in share.items():
-            taken[tp] += n
-        budget -= sum(share.values())
+        if level == together:
+            share = fill_levels({tp: (rank[tp], filled[tp], lags[tp] - 1) for tp in filled},
+                                budget)
+            for tp, n in share.items():
+                taken[tp] += n
+            budget -= sum(share.values())
+        rest = levels.get(level)
+        if rest and budget > 0:
+            share = proportional(rest, min(budget, sum(rest.values())))
+            for tp, n in share.items():
+                taken[tp] += n
+            budget -= sum(share.values())
     return {tp: begins[tp] + taken[tp] if tp in taken else ends[tp] for tp in ends}
+
+
+def fill_levels(parts: dict[TopicPartition, tuple[int, float, int]], rows: int
+                ) -> dict[TopicPartition, int]:
+    """Split ``rows`` over partitions given as (watermark ms, records per ms of event time,
+    records it may take) so that their watermarks are raised to one common level, the lowest
+    first: the level ``L`` where each takes ``density * (L - watermark)`` records (none if
+    it is above ``L``, at most what it may take) and that adds up to ``rows``. Integers
+    exactly, the leftover to the largest remainders (ties: partition order).
+
+    >>> fill_levels({("t", 0): (0, 1.0, 100), ("t", 1): (10, 1.0, 100)}, 30)
+    {('t', 0): 20, ('t', 1): 10}
+    """
+    rows = min(rows, sum(cap for _, _, cap in parts.values()))
+    if rows <= 0:
+        return dict.fromkeys(parts, 0)
+
+    def takes(level: float) -> dict[TopicPartition, float]:
+        return {tp: min(float(cap), max(0.0, (level - mark) * rate))
+                for tp, (mark, rate, cap) in parts.items()}
+
+    low = float(min(mark for mark, _, _ in parts.values()))
+    high = float(max(mark + cap / rate for mark, rate, cap in parts.values()))
+    for _ in range(200):   # the level, to well below one record
+        middle = (low + high) / 2
+        if sum(takes(middle).values()) < rows:
+            low = middle
+        else:
+            high = middle
+    # Below the level the shares add up to less than ``rows``: floored, never more.
+    return _whole(takes(low), {tp: cap for tp, (_, _, cap) in parts.items()}, rows)
+
+
+def read_densities(start: BatchOffset, states: dict[TopicPartition, PartitionState]
+                   ) -> dict[TopicPartition, float]:
+    """Records per ms of event time each partition read in the batch that ended at
+    ``start``: its range over how far its highest event time moved (``states``: the states at
+    the ranges' ends). None for a partition that read nothing or whose highest event time
+    did not move."""
+    found = {}
+    for tp, r in start.partitions.items():
+        before = r.state.max_event_ms
+        after = states[tp].max_event_ms if tp in states else None
+        if r.end > r.start and before is not None and after is not None and after > before:
+            found[tp] = (r.end - r.start) / (after - before)
+    return found
+
+
+def fill_densities(known: dict[TopicPartition, float], partitions: list[TopicPartition]
+                   ) -> dict[TopicPartition, float]:
+    """A density for each of ``partitions``: its own, else the median of the others' (a
+    partition that read one record, or none, last time). Empty when none is known: the read
+    limit then serves them strictly by watermark, as before the first estimate."""
+    own = sorted(known[tp] for tp in partitions if tp in known)
+    if not own:
+        return {}
+    middle = len(own) // 2
+    median = own[middle] if len(own) % 2 else (own[middle - 1] + own[middle]) / 2
+    return {tp: known.get(tp, median) for tp in partitions}
 
 
 def proportional(lags: dict[TopicPartition, int], rows: int) -> dict[TopicPartition, int]:
@@ -233,16 +315,27 @@ def proportional(lags: dict[TopicPartition, int], rows: int) -> dict[TopicPartit
     total = sum(lags.values())
     if total == 0 or rows <= 0:
         return dict.fromkeys(lags, 0)
-    shares = {tp: rows * lag / total for tp, lag in lags.items()}
-    taken = {tp: min(lags[tp], math.floor(share)) for tp, share in shares.items()}
+    return _whole({tp: rows * lag / total for tp, lag in lags.items()}, lags, rows)
+
+
+def _whole(shares: dict[TopicPartition, float], caps: dict[TopicPartition, int], rows: int
+           ) -> dict[TopicPartition, int]:
+    """``shares`` as integers within ``caps`` adding up to ``rows`` (at most the caps'
+    total): floored, then one more each to the largest remainders (ties: larger cap, then
+    topic/partition order)."""
+    taken = {tp: min(caps[tp], math.floor(share)) for tp, share in shares.items()}
     left = rows - sum(taken.values())
-    by_remainder = sorted(lags, key=lambda tp: (-(shares[tp] - taken[tp]), -lags[tp], tp))
-    for tp in by_remainder:
-        if left <= 0:
+    by_remainder = sorted(shares, key=lambda tp: (-(shares[tp] - taken[tp]), -caps[tp], tp))
+    while left > 0:
+        before = left
+        for tp in by_remainder:
+            if left <= 0:
+                break
+            if taken[tp] < caps[tp]:
+                taken[tp] += 1
+                left -= 1
+        if left == before:
             break
-        if taken[tp] < lags[tp]:
-            taken[tp] += 1
-            left -= 1
     return taken
 
 

@@ -14,10 +14,13 @@ from kwatermark.offsets import (
     OffsetFormatError,
     PartitionRange,
     PartitionState,
+    fill_densities,
+    fill_levels,
     held_by_alignment,
     parse_tp_key,
     plan_splits,
     rate_limit,
+    read_densities,
     split_range,
     tp_key,
     with_state,
@@ -281,6 +284,97 @@ def test_rate_limit_properties(parts, max_rows, prioritised):
     for tp in lagging:
         if taken[tp] > 1:
             assert all(taken[q] == lags[q] for q in lagging if marks[q] < marks[tp]), (tp, taken)
+
+
+def test_partitions_a_few_ms_apart_share_the_limit_once_their_pace_is_known():
+    # Four partitions at one pace (a record every 4 ms each), watermarks 1 ms apart, p0 far
+    # ahead. Strictly lowest first, p1 took everything and the combined watermark (p2's)
+    # stood still; raised together, p1..p3 share the limit.
+    begins = {("t", i): 0 for i in range(4)}
+    ends = {("t", i): 250_000 for i in range(4)}
+    marks = {("t", 0): 999_984, ("t", 1): 199_996, ("t", 2): 199_997, ("t", 3): 199_998}
+    pace = {tp: 0.25 for tp in ends}
+    assert rate_limit(begins, ends, 200_000, marks) == {
+        ("t", 0): 1, ("t", 1): 199_997, ("t", 2): 1, ("t", 3): 1}
+    assert rate_limit(begins, ends, 200_000, marks, pace) == {
+        ("t", 0): 1, ("t", 1): 66_667, ("t", 2): 66_666, ("t", 3): 66_666}
+
+
+def test_the_lowest_is_raised_to_the_next_before_they_share():
+    begins = {("t", 0): 0, ("t", 1): 0, ("t", 2): 0}
+    ends = {("t", 0): 10_000, ("t", 1): 10_000, ("t", 2): 10_000}
+    # p1 is 100 ms behind p0 at 2 records per ms: its first 200 records only catch up
+    marks = {("t", 0): 5_000, ("t", 1): 4_900, ("t", 2): UNDEFINED}
+    pace = {("t", 0): 1.0, ("t", 1): 2.0}
+    taken = rate_limit(begins, ends, 503, marks, pace)
+    # undefined first: p2 takes it all, as before
+    assert taken == {("t", 0): 1, ("t", 1): 1, ("t", 2): 501}
+    marks[("t", 2)] = 9_000
+    taken = rate_limit(begins, ends, 503, marks, pace)
+    # 500 to spread: 200 raise p1 to 5,000, then 300 at 3 records per ms: 100 ms more
+    assert taken == {("t", 0): 1 + 100, ("t", 1): 1 + 400, ("t", 2): 1}
+    # a partition that cannot take its share leaves it to the others of its group; p2
+    # (no pace given) still comes after them, by its watermark
+    ends[("t", 1)] = 51
+    taken = rate_limit(begins, ends, 503, marks, pace)
+    assert taken == {("t", 0): 1 + 450, ("t", 1): 51, ("t", 2): 1}
+
+
+def test_fill_levels_adds_up_exactly_and_respects_what_each_may_take():
+    parts = {("t", 0): (0, 1.0, 100), ("t", 1): (10, 1.0, 100)}
+    assert fill_levels(parts, 30) == {("t", 0): 20, ("t", 1): 10}
+    assert fill_levels(parts, 31) == {("t", 0): 21, ("t", 1): 10} or \
+        fill_levels(parts, 31) == {("t", 0): 20, ("t", 1): 11}
+    assert fill_levels(parts, 500) == {("t", 0): 100, ("t", 1): 100}
+    assert fill_levels(parts, 0) == {("t", 0): 0, ("t", 1): 0}
+
+
+def test_densities_come_from_the_last_batch_and_the_median_stands_in():
+    start = BatchOffset(None, {
+        ("t", 0): PartitionRange(100, 300, PartitionState(max_event_ms=1_000)),
+        ("t", 1): PartitionRange(50, 51, PartitionState(max_event_ms=1_000)),
+        ("t", 2): PartitionRange(0, 40, PartitionState()),             # nothing read before
+        ("t", 3): PartitionRange(7, 7, PartitionState(max_event_ms=1_000)),  # read nothing
+    })
+    states = {("t", 0): PartitionState(max_event_ms=1_100),
+              ("t", 1): PartitionState(max_event_ms=1_004),
+              ("t", 2): PartitionState(max_event_ms=900),
+              ("t", 3): PartitionState(max_event_ms=1_000)}
+    known = read_densities(start, states)
+    assert known == {("t", 0): 2.0, ("t", 1): 0.25}
+    assert fill_densities(known, [("t", 0), ("t", 2)]) == {("t", 0): 2.0, ("t", 2): 2.0}
+    assert fill_densities(known, [("t", 0), ("t", 1), ("t", 3)]) == {
+        ("t", 0): 2.0, ("t", 1): 0.25, ("t", 3): 1.125}
+    assert fill_densities(known, [("t", 2), ("t", 3)]) == {}
+
+
+@settings(deadline=None, max_examples=400)
+@given(parts=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 2000),
+                                st.integers(0, 20_000), st.floats(0.001, 50)),
+                      min_size=1, max_size=7),
+       max_rows=st.integers(1, 5000))
+def test_rate_limit_by_level_properties(parts, max_rows):
+    begins = {("t", i): b for i, (b, _, _, _) in enumerate(parts)}
+    ends = {("t", i): b + lag for i, (b, lag, _, _) in enumerate(parts)}
+    marks = {("t", i): m for i, (_, _, m, _) in enumerate(parts)}
+    pace = {("t", i): d for i, (_, _, _, d) in enumerate(parts)}
+    limited = rate_limit(begins, ends, max_rows, marks, pace)
+    taken = {tp: limited[tp] - begins[tp] for tp in ends}
+    lags = {tp: ends[tp] - begins[tp] for tp in ends}
+    lagging = [tp for tp in ends if lags[tp] > 0]
+    assert all(0 <= taken[tp] <= lags[tp] for tp in ends)
+    assert sum(taken.values()) <= max(max_rows, len(lagging))
+    assert sum(taken.values()) >= min(max_rows, sum(lags.values()))
+    assert all(taken[tp] >= 1 for tp in lagging)
+    # the levels reached: a partition given more than its one record ends at most one
+    # record's worth above any partition that could have taken more
+    level = {tp: marks[tp] + (taken[tp] - 1) / pace[tp] for tp in lagging}
+    for tp in lagging:
+        if taken[tp] > 1:
+            for other in lagging:
+                if taken[other] < lags[other]:
+                    assert level[tp] <= level[other] + 1 / pace[tp] + 1 / pace[other] + 1e-6, \
+                        (tp, other, taken)
 
 
 # -- watermark alignment (DESIGN §11) -------------------------------------------------------
