@@ -21,10 +21,12 @@ from kwatermark.offsets import (
     PartitionState,
     RangeTask,
     TopicPartition,
+    fill_densities,
     held_by_alignment,
     pack_tasks,
     plan_splits,
     rate_limit,
+    read_densities,
 )
 from kwatermark.options import EARLIEST, LATEST, OffsetBound, SourceOptions
 from kwatermark.pack import PackReader
@@ -239,7 +241,7 @@ class BatchPlanner:
             ends = {tp: min(end, self._target.get(tp, begins[tp])) for tp, end in ends.items()}
             ends = {tp: max(end, begins[tp]) for tp, end in ends.items()}
         now = now_ms()
-        ends, held = self._admit(begins, ends, states, limits, now)
+        ends, held = self._admit(begins, ends, states, limits, now, start)
         available = sum(ends[tp] - begins[tp] for tp in ends)
         if available == 0 and not self.options.heartbeat:
             return None
@@ -332,8 +334,8 @@ class BatchPlanner:
             joined, mark, _utc(mark), mark - lateness, lateness, treatment)
 
     def _admit(self, begins: dict[TopicPartition, int], ends: dict[TopicPartition, int],
-               states: dict[TopicPartition, PartitionState], limits: ReadLimits, now: int
-               ) -> tuple[dict[TopicPartition, int], set[TopicPartition]]:
+               states: dict[TopicPartition, PartitionState], limits: ReadLimits, now: int,
+               start: BatchOffset) -> tuple[dict[TopicPartition, int], set[TopicPartition]]:
         """What each partition may read this trigger (DESIGN §11): watermark alignment pauses
         the partitions too far ahead, then the read limit serves the lowest watermarks
         first without starving anyone. Returns the ends and the paused partitions."""
@@ -353,7 +355,9 @@ class BatchPlanner:
         if limits.max_rows is not None:
             # Excluded partitions hold nothing: after every counted one.
             priority = {tp: marks[tp] if counted[tp] else NO_PARTITIONS for tp in ends}
-            ends = rate_limit(begins, ends, limits.max_rows, priority)
+            holders = [tp for tp in ends if counted[tp] and marks[tp] != UNDEFINED]
+            ends = rate_limit(begins, ends, limits.max_rows, priority,
+                              fill_densities(read_densities(start, states), holders))
         return ends, held
 
     def _log_held(self, held: set[TopicPartition], marks: dict[TopicPartition, int],

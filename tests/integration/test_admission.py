@@ -10,7 +10,7 @@ import os
 import threading
 
 from tests.support.kafka import Record
-from tests.support.streams import Batches, ev_ms, kwatermark_stream, run_available_now
+from tests.support.streams import Batches, ev_ms, kwatermark_stream, run_available_now, wm_ms
 
 HOUR = 3_600_000
 DRIFT = 60_000
@@ -58,6 +58,37 @@ def test_backlog_far_ahead_does_not_starve_the_partition_holding_the_watermark(
     assert len([r for r in seen.batches()[1] if r["partition"] == 1]) == 5 - len(first)
     # never more than the limit plus one record per partition with unread records
     assert all(len(rows) <= 1000 + 2 for rows in seen.batches())
+
+
+def test_partitions_written_at_an_even_pace_are_read_together_and_the_watermark_rises(
+        spark, broker, topic_factory, checkpoint, ledger_dir):
+    """Four partitions written at one even pace (record i in partition i % 4 at i seconds),
+    a limit of a fifth of the backlog. Served strictly lowest watermark first, the partition
+    a few ms behind took the whole limit each trigger: one partition (one task) per batch,
+    and the combined watermark stood still in three triggers of four."""
+    writer = topic_factory(4)
+    writer.send([Record(i % 4, 1_000 * (i + 1)) for i in range(4_000)])
+    frame = kwatermark_stream(spark, broker, writer.topic, maxOffsetsPerTrigger=800,
+                              **{"watermark.stateLocation": ledger_dir})
+    seen, _ = run_available_now(frame, checkpoint)
+    batches = [rows for rows in seen.batches() if rows]
+    assert sorted(ev_ms(r) for r in seen.rows) == [1_000 * (i + 1) for i in range(4_000)]
+    # The first batch finds every watermark undefined and shares by lag; the second has no
+    # estimate yet of how many records a second of event time takes, and serves the lowest
+    # (p0) first. From the third on, every partition with a backlog reads its share.
+    read = dict.fromkeys(range(4), 0)
+    for number, rows in enumerate(batches):
+        per = {p: sum(r["partition"] == p for r in rows) for p in range(4)}
+        if number >= 2:
+            behind = [p for p in range(4) if 1_000 - read[p] >= 200]
+            assert behind and all(per[p] >= 100 for p in behind), (number, per, read)
+        for p in range(4):
+            read[p] += per[p]
+    # ... so the combined watermark the rows carry rises by hundreds of records' worth of
+    # event time per batch (4 s a record in each partition), not by one record's.
+    marks = [min(wm_ms(r) for r in rows) for rows in batches[1:5]]
+    rises = [later - earlier for earlier, later in zip(marks, marks[1:])]
+    assert len(rises) == 3 and min(rises[1:]) >= 400_000, (marks, rises)
 
 
 def aligned_catch_up(writer) -> None:
