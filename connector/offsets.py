@@ -280,15 +280,19 @@ def fill_levels(parts: dict[TopicPartition, tuple[int, float, int]], rows: int
     return _whole(takes(low), {tp: cap for tp, (_, _, cap) in parts.items()}, rows)
 
 
-def read_densities(start: BatchOffset, states: dict[TopicPartition, PartitionState]
+def read_densities(start: BatchOffset, states: dict[TopicPartition, PartitionState],
+                   lowest: dict[TopicPartition, int] | None = None
                    ) -> dict[TopicPartition, float]:
     """Records per ms of event time each partition read in the batch that ended at
     ``start``: its range over how far its highest event time moved (``states``: the states at
-    the ranges' ends). None for a partition that read nothing or whose highest event time
-    did not move."""
+    the ranges' ends), or, read from no event time (a new query's first batch), over the span
+    from the ``lowest`` event time it read. None for a partition that read nothing or whose
+    event times did not move."""
     found = {}
     for tp, r in start.partitions.items():
         before = r.state.max_event_ms
+        if before is None:
+            before = (lowest or {}).get(tp)
         after = states[tp].max_event_ms if tp in states else None
         if r.end > r.start and before is not None and after is not None and after > before:
             found[tp] = (r.end - r.start) / (after - before)

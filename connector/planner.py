@@ -117,6 +117,8 @@ class BatchPlanner:
         self.fingerprint = options.watermark.fingerprint()
         self._policy = None
         self._folded: dict[str, tuple[dict[TopicPartition, PartitionState], int]] = {}
+        # The lowest event time each partition read in the batch last folded (its key).
+        self._lowest: dict[str, dict[TopicPartition, int]] = {}
         self._target: dict[TopicPartition, int] | None = None
         self._last_trigger_ms: int | None = None
         # Whether this run has planned a batch yet: see the heartbeat in latest_offset.
@@ -130,7 +132,7 @@ class BatchPlanner:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         # Driver-side observation stays on the driver: tasks never read it.
-        state.update(_policy=None, _folded={}, latest_seen={}, _announced=set())
+        state.update(_policy=None, _folded={}, _lowest={}, latest_seen={}, _announced=set())
         return state
 
     @property
@@ -337,8 +339,9 @@ class BatchPlanner:
                states: dict[TopicPartition, PartitionState], limits: ReadLimits, now: int,
                start: BatchOffset) -> tuple[dict[TopicPartition, int], set[TopicPartition]]:
         """What each partition may read this trigger (DESIGN §11): watermark alignment pauses
-        the partitions too far ahead, then the read limit serves the lowest watermarks
-        first without starving anyone. Returns the ends and the paused partitions."""
+        the partitions too far ahead, then the read limit raises the lowest watermarks first,
+        together, by each partition's pace in the batch that ended at ``start``, without
+        starving anyone. Returns the ends and the paused partitions."""
         marks, counted = {}, {}
         for tp in ends:
             state = states.get(tp) or PartitionState(last_read_ms=now)
@@ -357,7 +360,9 @@ class BatchPlanner:
             priority = {tp: marks[tp] if counted[tp] else NO_PARTITIONS for tp in ends}
             holders = [tp for tp in ends if counted[tp] and marks[tp] != UNDEFINED]
             ends = rate_limit(begins, ends, limits.max_rows, priority,
-                              fill_densities(read_densities(start, states), holders))
+                              fill_densities(read_densities(start, states,
+                                                            self.lowest_events(start)),
+                                             holders))
         return ends, held
 
     def _log_held(self, held: set[TopicPartition], marks: dict[TopicPartition, int],
@@ -470,11 +475,15 @@ class BatchPlanner:
             records.setdefault(task.tp, []).append(record)
         states = {}
         highest = UNDEFINED
+        lowest = {}
         for tp, r in offset.partitions.items():
             done = records.get(tp)
             if not done:
                 states[tp] = r.state
                 continue
+            firsts = [d.min_event_ms for d in done if d.min_event_ms is not None]
+            if firsts:
+                lowest[tp] = min(firsts)
             if len(done) == 1:
                 snapshot = done[0].generator
             else:
@@ -490,7 +499,13 @@ class BatchPlanner:
         if offset.heartbeat:
             highest = from_optional(offset.watermark)
         self._folded = {key: (states, highest)}
+        self._lowest = {key: lowest}
         return states, highest
+
+    def lowest_events(self, offset: BatchOffset) -> dict[TopicPartition, int]:
+        """The lowest event time each partition read in the batch ending at ``offset``."""
+        self.fold(offset)
+        return self._lowest.get(offset.dumps(), {})
 
     def _recompute(self, tasks: list[RangeTask]) -> list[ProgressRecord]:
         """The progress records of ranges whose records are missing, by reading them here,

@@ -342,6 +342,8 @@ def test_densities_come_from_the_last_batch_and_the_median_stands_in():
               ("t", 3): PartitionState(max_event_ms=1_000)}
     known = read_densities(start, states)
     assert known == {("t", 0): 2.0, ("t", 1): 0.25}
+    # a partition read from no event time (the first batch): from the lowest it read
+    assert read_densities(start, states, {("t", 2): 800})[("t", 2)] == 0.4
     assert fill_densities(known, [("t", 0), ("t", 2)]) == {("t", 0): 2.0, ("t", 2): 2.0}
     assert fill_densities(known, [("t", 0), ("t", 1), ("t", 3)]) == {
         ("t", 0): 2.0, ("t", 1): 0.25, ("t", 3): 1.125}
