@@ -20,12 +20,10 @@ Spark's watermark, fed from the ``watermark`` column, passes them.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import pickle
 from collections.abc import Iterator, Mapping, Sequence
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -55,6 +53,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from kwatermark import pandas_io
 from kwatermark.clock import (
     check_heartbeat,
     follow_watermarks,
@@ -64,20 +63,18 @@ from kwatermark.clock import (
     streams,
 )
 from kwatermark.options import parse_duration_ms
-from kwatermark.ticks import input_clock, with_ticks
+from kwatermark.pandas_io import BUCKET, INPUT, MARK, TIME
+from kwatermark.ticks import with_ticks
 from kwatermark.windowing import (
     IS_LATE,
-    NO_WATERMARK,
     START,
     Agg,
     Assigner,
     BucketSessions,
     BucketWindows,
     ChunkStore,
-    Emission,
     KeyStore,
     Partials,
-    Rows,
     Session,
     SessionIndex,
     Sliding,
@@ -89,7 +86,6 @@ from kwatermark.windowing import (
     combine,
     index_of_key_sessions,
     index_of_key_windows,
-    partials,
     row_partials,
 )
 
@@ -97,9 +93,6 @@ log = logging.getLogger("kwatermark.windows")
 
 __all__ = ["WindowError", "aggregate", "session", "sliding", "tumbling"]
 
-# Spark renames pandas columns whose names start with "__": plain, unlikely names instead.
-_TIME, _MARK, _BUCKET = "kwatermark_time", "kwatermark_watermark", "kwatermark_bucket"
-_INPUT = "kwatermark_input"         # which of aggregate's streams a row came from
 _INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
 # Keys share Spark's grouping key (and state value, and timer) by their hash modulo this: one
 # processor call per bucket and batch instead of one per key (see docs/windows.md, "State").
@@ -173,11 +166,11 @@ def aggregate(df: DataFrame | Sequence[DataFrame], windows: Assigner, by: Sequen
     # Each stream is prepared (and combined) on its own, then follows its own watermark
     # (kwatermark.clock): with several, Spark's min policy drives the windows by the lowest.
     prepared = [frame.select(
-        bucket.cast("int").alias(_BUCKET),
+        bucket.cast("int").alias(BUCKET),
         *[F.col(c) for c in by], *[F.col(c) for c in inputs],
-        F.unix_millis(F.col(time_column)).alias(_TIME),
-        F.unix_millis(F.col("watermark")).alias(_MARK),
-        F.col("is_heartbeat"), F.lit(i).cast("int").alias(_INPUT))
+        F.unix_millis(F.col(time_column)).alias(TIME),
+        F.unix_millis(F.col("watermark")).alias(MARK),
+        F.col("is_heartbeat"), F.lit(i).cast("int").alias(INPUT))
         for i, frame in enumerate(frames)]
     schema = _common_schema(frames, by, inputs, time_column)
     combined = None
@@ -186,14 +179,14 @@ def aggregate(df: DataFrame | Sequence[DataFrame], windows: Assigner, by: Sequen
         # shuffle, as Spark's own aggregation does; the stateful step merges accumulators.
         # Each task also ticks every bucket with its rows' watermark (kwatermark.ticks).
         combined = _combined_schema(prepared[0].schema, by, spec)
-        prepared = [p.mapInArrow(Combiner(spec, [_BUCKET, *by, "is_heartbeat", _INPUT],
+        prepared = [p.mapInArrow(Combiner(spec, [BUCKET, *by, "is_heartbeat", INPUT],
                                           combined, key_buckets if by else 1, i), combined)
                     for i, p in enumerate(prepared)]
     output = _output_schema(schema, by, spec)
     processor = SessionProcessor(spec, by, inputs) if spec.assigner.merging else \
         WindowProcessor(spec, by, inputs, combined, streams=len(frames))
-    return (follow_watermarks(prepared, _MARK)
-            .groupBy(_BUCKET)
+    return (follow_watermarks(prepared, MARK)
+            .groupBy(BUCKET)
             .transformWithStateInPandas(processor, output, "Append", "EventTime"))
 
 
@@ -220,8 +213,8 @@ def _combinable(schema: StructType, by: Sequence[str], spec: WindowSpec) -> bool
 def _combined_schema(prepared: StructType, by: Sequence[str], spec: WindowSpec) -> StructType:
     """What :class:`Combiner` hands on: the keys, window start, lateness, the accumulators
     (:func:`kwatermark.windowing.accumulator_columns`) and the highest row watermark."""
-    fields = [prepared[_BUCKET], *(prepared[c] for c in by), prepared["is_heartbeat"],
-              prepared[_INPUT], StructField(START, LongType(), True),
+    fields = [prepared[BUCKET], *(prepared[c] for c in by), prepared["is_heartbeat"],
+              prepared[INPUT], StructField(START, LongType(), True),
               StructField(IS_LATE, BooleanType(), True)]
     for agg, columns in zip(spec.aggs, accumulator_columns(spec)):
         source = None if agg.column is None else prepared[agg.column].dataType
@@ -229,7 +222,7 @@ def _combined_schema(prepared: StructType, by: Sequence[str], spec: WindowSpec) 
             dtype = LongType() if role != "value" or agg.function == "count" else \
                 _result_type(agg.function, source)
             fields.append(StructField(name, dtype, True))
-    fields.append(StructField(_MARK, LongType(), True))
+    fields.append(StructField(MARK, LongType(), True))
     return StructType(fields)
 
 
@@ -250,10 +243,10 @@ class Combiner:
         collected = [b for b in batches if b.num_rows]
         if not collected:
             return
-        combined = combine(self.spec, pa.Table.from_batches(collected), self.keys, _TIME,
-                           _MARK)
-        combined = with_ticks(combined.cast(self.schema), _BUCKET, self.buckets, _MARK,
-                              "is_heartbeat", {_INPUT: self.stream})
+        combined = combine(self.spec, pa.Table.from_batches(collected), self.keys, TIME,
+                           MARK)
+        combined = with_ticks(combined.cast(self.schema), BUCKET, self.buckets, MARK,
+                              "is_heartbeat", {INPUT: self.stream})
         yield from combined.to_batches()
 
 
@@ -353,12 +346,12 @@ class WindowProcessor(StatefulProcessor):
                         timerValues: TimerValues) -> Iterator[pd.DataFrame]:
         """Fires by the input clock (:mod:`kwatermark.ticks`), Spark's watermark of the next
         micro-batch, which the rows already carry; the timer stays on Spark's watermark."""
-        every = _batch(rows)
+        every = pandas_io.gather(rows)
         if every is None:
             return
         watermark = timerValues.getCurrentWatermarkInMs()
-        clock = _clock(every, self.streams, watermark)
-        batch = _without_heartbeats(every)
+        clock = pandas_io.clock(every, self.streams, watermark)
+        batch = pandas_io.without_heartbeats(every)
         if batch is None:
             yield from self._fire_by_clock(clock, watermark)
             return
@@ -372,7 +365,7 @@ class WindowProcessor(StatefulProcessor):
         _save(self, bucket.index, bucket.index.wake_up(self.spec, clock), watermark,
               expired=None)
         if out:
-            yield _frame(self.by, self.spec, out)
+            yield pandas_io.emitted_frame(self.by, self.spec, out)
 
     def _fire_by_clock(self, clock: int, watermark: int) -> Iterator[pd.DataFrame]:
         """A bucket that got only ticks: fire what the clock completed, if it holds windows.
@@ -388,7 +381,7 @@ class WindowProcessor(StatefulProcessor):
         _save(self, bucket.index, bucket.index.wake_up(self.spec, clock), watermark,
               expired=None)
         if out:
-            yield _frame(self.by, self.spec, out)
+            yield pandas_io.emitted_frame(self.by, self.spec, out)
 
     def handleExpiredTimer(self, key: tuple, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
@@ -398,7 +391,7 @@ class WindowProcessor(StatefulProcessor):
         _save(self, bucket.index, bucket.index.wake_up(self.spec, watermark), watermark,
               expired=expiredTimerInfo.getExpiryTimeInMs())
         if out:
-            yield _frame(self.by, self.spec, out)
+            yield pandas_io.emitted_frame(self.by, self.spec, out)
 
     def close(self) -> None:
         _stop_profile(self._profile, self)
@@ -407,10 +400,11 @@ class WindowProcessor(StatefulProcessor):
         """Every row's key and the batch as partials (Combiner's rows, or records combined
         here per key when Combiner could not run)."""
         if self.combined is not None:
-            return _row_keys(batch, self.by), _partials(batch, self.spec, self.combined)
-        every = _rows(batch, self.inputs)
+            return (pandas_io.row_keys(batch, self.by),
+                    pandas_io.combined_partials(batch, self.spec, self.combined))
+        every = pandas_io.record_rows(batch, self.inputs)
         keys, starts, late, accs = [], [], [], []
-        for user_key, index in _key_groups(batch, self.by):
+        for user_key, index in pandas_io.key_groups(batch, self.by):
             part = row_partials(self.spec, every.take(index))
             keys += [user_key] * len(part.starts)
             starts += part.starts
@@ -478,18 +472,18 @@ class SessionProcessor(StatefulProcessor):
 
     def handleInputRows(self, key: tuple, rows: Iterator[pd.DataFrame],
                         timerValues: TimerValues) -> Iterator[pd.DataFrame]:
-        batch = _records(rows)
+        batch = pandas_io.records(rows)
         if batch is None:
             return
         watermark = timerValues.getCurrentWatermarkInMs()
-        every = _rows(batch, self.inputs)
+        every = pandas_io.record_rows(batch, self.inputs)
         bucket = BucketSessions(self._load(), self.store)
+        groups = pandas_io.key_groups(batch, self.by)
         out = bucket.apply(self.spec, [(user_key, every.take(index))
-                                       for user_key, index in _key_groups(batch, self.by)],
-                           watermark)
+                                       for user_key, index in groups], watermark)
         _save(self, bucket.index, bucket.index.wake_up(watermark), watermark, expired=None)
         if out:
-            yield _frame(self.by, self.spec, out)
+            yield pandas_io.emitted_frame(self.by, self.spec, out)
 
     def handleExpiredTimer(self, key: tuple, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
@@ -499,7 +493,7 @@ class SessionProcessor(StatefulProcessor):
         _save(self, bucket.index, bucket.index.wake_up(watermark), watermark,
               expired=expiredTimerInfo.getExpiryTimeInMs())
         if out:
-            yield _frame(self.by, self.spec, out)
+            yield pandas_io.emitted_frame(self.by, self.spec, out)
 
     def close(self) -> None:
         _stop_profile(self._profile, self)
@@ -582,82 +576,6 @@ def _save(processor, index: WindowIndex | SessionIndex, first: int | None, water
     processor.index.update((LAYOUT, pickle.dumps(index, protocol=5)))
 
 
-def _records(rows: Iterator[pd.DataFrame]) -> pd.DataFrame | None:
-    """A bucket's rows of the batch without the heartbeat rows (None: nothing left)."""
-    batch = _batch(rows)
-    return None if batch is None else _without_heartbeats(batch)
-
-
-def _batch(rows: Iterator[pd.DataFrame]) -> pd.DataFrame | None:
-    """A bucket's rows of the batch, heartbeats and ticks included (None: none)."""
-    frames = [f for f in rows if len(f)]
-    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else \
-        (frames[0] if frames else None)
-
-
-def _without_heartbeats(batch: pd.DataFrame) -> pd.DataFrame | None:
-    beats = batch["is_heartbeat"].to_numpy() == True  # null-safe: a null flag is a record
-    if beats.any():
-        batch = batch[~beats].reset_index(drop=True)
-    return None if batch.empty else batch
-
-
-def _clock(batch: pd.DataFrame, streams: int, watermark: int) -> int:
-    """Spark's watermark, or the input clock the rows prove when it is ahead of it."""
-    marks = batch[_MARK].fillna(NO_WATERMARK).to_numpy(dtype=np.int64)
-    clock = input_clock(marks, batch[_INPUT].to_numpy(), streams, NO_WATERMARK)
-    return watermark if clock is None else max(watermark, clock)
-
-
-def _frame(by: list[str], spec: WindowSpec, out: list[tuple[tuple, Emission]]) -> pd.DataFrame:
-    # Built column by column in the output's order: a `columns=` argument would make pandas
-    # reindex, which costs more than building the frame.
-    emissions = [e for _, e in out]
-    data: dict[str, object] = {c: [k[i] for k, _ in out] for i, c in enumerate(by)}
-    data["window_start"] = _instants([e.start for e in emissions])
-    data["window_end"] = _instants([e.end for e in emissions])
-    for i, agg in enumerate(spec.aggs):
-        data[agg.name] = [e.values[i] for e in emissions]
-    data["kind"] = [e.kind for e in emissions]
-    return pd.DataFrame(data, copy=False)
-
-
-def _row_keys(batch: pd.DataFrame, by: list[str]) -> list[tuple]:
-    """Every row's key as a tuple; a null key part is None."""
-    if not by:
-        return [()] * len(batch)
-    columns = []
-    for c in by:
-        series = batch[c]
-        values = series.tolist()
-        if series.dtype.kind in "fO" and series.hasnans:
-            values = [None if _is_missing(v) else v for v in values]
-        columns.append(values)
-    return list(zip(*columns))
-
-
-def _stop_profile(profile, owner) -> None:
-    if profile is not None:
-        profile.disable()
-        profile.dump_stats(os.path.join(os.environ[PROFILE_ENV],
-                                        f"{os.getpid()}-{id(owner):x}.prof"))
-
-
-def _key_groups(batch: pd.DataFrame, by: list[str]) -> Iterator[tuple[tuple, np.ndarray]]:
-    """(key, row positions) for every key of a bucket's batch; a null key part is None."""
-    if not by:
-        yield (), np.arange(len(batch))
-        return
-    groups = batch.groupby(by if len(by) > 1 else by[0], sort=False, dropna=False).indices
-    for value, index in groups.items():
-        parts = value if len(by) > 1 else (value,)
-        yield tuple(None if _is_missing(v) else v for v in parts), index
-
-
-def _is_missing(value: object) -> bool:
-    return value is None or value is pd.NaT or value is pd.NA or (isinstance(value, float) and math.isnan(value))
-
-
 def _start_profile():
     if not os.environ.get(PROFILE_ENV):
         return None
@@ -668,28 +586,8 @@ def _start_profile():
     return profile
 
 
-def _rows(batch: pd.DataFrame, inputs: list[str]) -> Rows:
-    def millis(column: str) -> np.ndarray:
-        return batch[column].fillna(NO_WATERMARK).to_numpy(dtype=np.int64)
-
-    return Rows(millis(_TIME), millis(_MARK), {c: batch[c].to_numpy() for c in inputs})
-
-
-def _partials(batch: pd.DataFrame, spec: WindowSpec, integral: dict[str, bool]):
-    """Combiner's rows as :class:`kwatermark.windowing.Partials` (nulls None; integers that
-    pandas made floats to hold nulls, integers again)."""
-    def column(name: str, whole: bool) -> list:
-        series = batch[name]
-        if not series.hasnans:
-            values = series.tolist()
-            return [int(v) for v in values] if whole and series.dtype.kind == "f" else values
-        return [None if missing else (int(v) if whole else v)
-                for v, missing in zip(series.tolist(), series.isna().tolist())]
-
-    return partials(spec, column(START, True), batch[IS_LATE].tolist(),
-                    {name: column(name, integral[name]) for name in integral})
-
-
-def _instants(ms: list[int | None]) -> pd.api.extensions.ExtensionArray:
-    """Epoch milliseconds (None: null) as UTC instants."""
-    return pd.DatetimeIndex(np.array(ms, dtype="datetime64[ms]")).tz_localize("UTC").array
+def _stop_profile(profile, owner) -> None:
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(os.path.join(os.environ[PROFILE_ENV],
+                                        f"{os.getpid()}-{id(owner):x}.prof"))

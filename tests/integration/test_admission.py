@@ -5,6 +5,7 @@ which partitions a batch read or held comes from Spark's own offset log."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -86,7 +87,7 @@ def test_partitions_written_at_an_even_pace_are_read_together_and_the_watermark_
     # ... so the combined watermark the rows carry rises by hundreds of records' worth of
     # event time per batch (4 s a record in each partition), not by one record's.
     marks = [min(wm_ms(r) for r in rows) for rows in batches[1:5]]
-    rises = [later - earlier for earlier, later in zip(marks, marks[1:])]
+    rises = [later - earlier for earlier, later in itertools.pairwise(marks)]
     assert len(rises) == 3 and min(rises) >= 400_000, (marks, rises)
 
 

@@ -21,13 +21,11 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 from pyspark.sql.types import BinaryType, StructField, StructType
 
+from kwatermark.pandas_io import combined_partials, instants, record_rows
 from kwatermark.windowing import Emission, KeyWindows, WindowSpec
 from kwatermark.windows import (
     _INTEGRAL,
     PROFILE_ENV,
-    _instants,
-    _partials,
-    _rows,
     _start_profile,
     accumulator_columns,
 )
@@ -70,9 +68,9 @@ class OneValueProcessor(StatefulProcessor):
         watermark = timerValues.getCurrentWatermarkInMs()
         keys, timer = self._load()
         if self.combined is None:
-            every, fold = _rows(batch, self.inputs), KeyWindows.apply
+            every, fold = record_rows(batch, self.inputs), KeyWindows.apply
         else:
-            every, fold = _partials(batch, self.spec, self.combined), KeyWindows.apply_partials
+            every, fold = combined_partials(batch, self.spec, self.combined), KeyWindows.apply_partials
         out = []
         for user_key, index in _key_groups(batch, self.by):
             windows = KeyWindows(keys.get(user_key, {}))
@@ -146,8 +144,8 @@ class OneValueProcessor(StatefulProcessor):
         emissions = [e for _, es in out for e in es]
         data: dict[str, object] = {
             c: [k[i] for k, es in out for _ in es] for i, c in enumerate(self.by)}
-        data["window_start"] = _instants([e.start for e in emissions])
-        data["window_end"] = _instants([e.end for e in emissions])
+        data["window_start"] = instants([e.start for e in emissions])
+        data["window_end"] = instants([e.end for e in emissions])
         for i, agg in enumerate(self.spec.aggs):
             data[agg.name] = [e.values[i] for e in emissions]
         data["kind"] = [e.kind for e in emissions]
