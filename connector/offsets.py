@@ -264,20 +264,20 @@ def fill_levels(parts: dict[TopicPartition, tuple[int, float, int]], rows: int
     if rows <= 0:
         return dict.fromkeys(parts, 0)
 
-    def takes(level: float) -> dict[TopicPartition, float]:
-        return {tp: min(float(cap), max(0.0, (level - mark) * rate))
-                for tp, (mark, rate, cap) in parts.items()}
-
-    low = float(min(mark for mark, _, _ in parts.values()))
-    high = float(max(mark + cap / rate for mark, rate, cap in parts.values()))
-    for _ in range(200):   # the level, to well below one record
-        middle = (low + high) / 2
-        if sum(takes(middle).values()) < rows:
-            low = middle
-        else:
-            high = middle
-    # Below the level the shares add up to less than ``rows``: floored, never more.
-    return _whole(takes(low), {tp: cap for tp, (_, _, cap) in parts.items()}, rows)
+    # f(level) = sum of the takes is piecewise linear: each partition adds its rate from its
+    # watermark on and stops at its cap. Walk the breakpoints to the segment reaching rows.
+    points = sorted([(mark, rate) for mark, rate, _ in parts.values()]
+                    + [(mark + cap / rate, -rate) for mark, rate, cap in parts.values()])
+    level, total, slope = points[0][0], 0.0, 0.0
+    for point, change in points:
+        if slope > 0 and total + slope * (point - level) >= rows:
+            level += (rows - total) / slope
+            break
+        total += slope * (point - level)
+        level, slope = point, slope + change
+    takes = {tp: min(float(cap), max(0.0, (level - mark) * rate))
+             for tp, (mark, rate, cap) in parts.items()}
+    return _whole(takes, {tp: cap for tp, (_, _, cap) in parts.items()}, rows)
 
 
 def read_densities(start: BatchOffset, states: dict[TopicPartition, PartitionState],
@@ -327,9 +327,14 @@ def _whole(shares: dict[TopicPartition, float], caps: dict[TopicPartition, int],
     """``shares`` as integers within ``caps`` adding up to ``rows`` (at most the caps'
     total): floored, then one more each to the largest remainders (ties: larger cap, then
     topic/partition order)."""
-    taken = {tp: min(caps[tp], math.floor(share)) for tp, share in shares.items()}
+    taken = {tp: min(caps[tp], max(0, math.floor(share))) for tp, share in shares.items()}
     left = rows - sum(taken.values())
     by_remainder = sorted(shares, key=lambda tp: (-(shares[tp] - taken[tp]), -caps[tp], tp))
+    while left < 0:   # rounding above rows: back from the smallest remainders
+        for tp in reversed(by_remainder):
+            if left < 0 and taken[tp] > 0:
+                taken[tp] -= 1
+                left += 1
     while left > 0:
         before = left
         for tp in by_remainder:
