@@ -6,12 +6,10 @@ class name)."""
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
 from collections.abc import Iterator
 
-import numpy as np
 import pandas as pd
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
@@ -21,7 +19,7 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 from pyspark.sql.types import BinaryType, StructField, StructType
 
-from kwatermark.pandas_io import combined_partials, instants, record_rows
+from kwatermark.pandas_io import combined_partials, instants, key_groups, record_rows
 from kwatermark.windowing import Emission, KeyWindows, WindowSpec
 from kwatermark.windows import (
     _INTEGRAL,
@@ -72,7 +70,7 @@ class OneValueProcessor(StatefulProcessor):
         else:
             every, fold = combined_partials(batch, self.spec, self.combined), KeyWindows.apply_partials
         out = []
-        for user_key, index in _key_groups(batch, self.by):
+        for user_key, index in key_groups(batch, self.by):
             windows = KeyWindows(keys.get(user_key, {}))
             emissions = fold(windows, self.spec, every.take(index), watermark)
             if windows.slots:
@@ -150,20 +148,5 @@ class OneValueProcessor(StatefulProcessor):
             data[agg.name] = [e.values[i] for e in emissions]
         data["kind"] = [e.kind for e in emissions]
         return pd.DataFrame(data, copy=False)
-
-
-def _key_groups(batch: pd.DataFrame, by: list[str]) -> Iterator[tuple[tuple, np.ndarray]]:
-    """(key, row positions) for every key of a bucket's batch; a null key part is None."""
-    if not by:
-        yield (), np.arange(len(batch))
-        return
-    groups = batch.groupby(by if len(by) > 1 else by[0], sort=False, dropna=False).indices
-    for value, index in groups.items():
-        parts = value if len(by) > 1 else (value,)
-        yield tuple(None if _is_missing(v) else v for v in parts), index
-
-
-def _is_missing(value: object) -> bool:
-    return value is None or value is pd.NaT or value is pd.NA or (isinstance(value, float) and math.isnan(value))
 
 
