@@ -49,27 +49,15 @@ def stream_read(spark, fmt: str, options: dict, records: int, batches: int,
     """AvailableNow into noop, ``maxOffsetsPerTrigger = records / batches``; warm figure:
     records of batches 2.. over the sum of their triggerExecution (as bench/run.py)."""
     options = {**options, "maxOffsetsPerTrigger": str(-(-records // batches))}
-    started = time.perf_counter()
-    query = (spark.readStream.format(fmt).options(**options).load().writeStream
-             .format("noop").option("checkpointLocation", fresh(workspace, "checkpoint"))
-             .trigger(availableNow=True).start())
-    query.awaitTermination(900)
-    wall = time.perf_counter() - started
-    if query.isActive:
-        query.stop()
-        raise RuntimeError(f"{fmt}: AvailableNow run did not finish in 900 s")
-    if query.exception() is not None:
-        raise RuntimeError(f"{fmt} failed: {query.exception()}")
-    progress = [p for p in query.recentProgress if p.numInputRows > 0]
-    read = sum(p.numInputRows for p in progress)
-    if read != records:
-        raise RuntimeError(f"{fmt}: read {read} records, expected {records}")
-    warm = progress[1:]
-    rows = sum(p.numInputRows for p in warm)
-    trigger_s = sum(p.durationMs.get("triggerExecution", 0) for p in warm) / 1000.0
-    return {"batches": len(progress), "wall_s": wall, "wall_records_per_s": records / wall,
-            "warm_records_per_s": rows / trigger_s if trigger_s else None,
-            "batch_ms": [p.durationMs.get("triggerExecution", 0) for p in progress]}
+    writer = (spark.readStream.format(fmt).options(**options).load().writeStream
+              .format("noop").option("checkpointLocation", fresh(workspace, "checkpoint")))
+    run = available_now(writer, fmt, timeout_s=900)
+    if run.read != records:
+        raise RuntimeError(f"{fmt}: read {run.read} records, expected {records}")
+    return {"batches": len(run.data), "wall_s": run.wall_s,
+            "wall_records_per_s": records / run.wall_s,
+            "warm_records_per_s": run.warm_records_per_s,
+            "batch_ms": [p.durationMs.get("triggerExecution", 0) for p in run.data]}
 
 
 def windowed(spark, config: str, request: dict) -> dict:
