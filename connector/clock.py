@@ -114,15 +114,17 @@ def clock_of(mark_ms: Column) -> Column:
     return F.timestamp_millis(F.coalesce(mark_ms, F.lit(0)) + 1)
 
 
-def follow_watermark(df: DataFrame, mark_ms: str) -> DataFrame:
-    """``df`` with Spark's watermark following its ``mark_ms`` column (epoch ms): the +1 ms
-    clock with a 1 ms delay (module docstring); the columns are unchanged."""
-    return (df.withColumn(CLOCK, clock_of(F.col(mark_ms)))
+def follow_watermark(df: DataFrame, mark_ms: str | Column) -> DataFrame:
+    """``df`` with Spark's watermark following its ``mark_ms`` column (epoch ms; a column
+    expression to leave some rows out, null for them): the +1 ms clock with a 1 ms delay
+    (module docstring); the columns are unchanged."""
+    mark = F.col(mark_ms) if isinstance(mark_ms, str) else mark_ms
+    return (df.withColumn(CLOCK, clock_of(mark))
             .withWatermark(CLOCK, "1 millisecond")
             .drop(CLOCK))
 
 
-def follow_watermarks(frames: Sequence[DataFrame], mark_ms: str) -> DataFrame:
+def follow_watermarks(frames: Sequence[DataFrame], mark_ms: str | Column) -> DataFrame:
     """Each input following its own watermark, then their union by name: Spark's ``min``
     policy drives whatever is above by the lowest of them."""
     driven = [follow_watermark(f, mark_ms) for f in frames]

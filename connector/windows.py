@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import pandas as pd
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.stateful_processor import (
@@ -185,9 +185,23 @@ def aggregate(df: DataFrame | Sequence[DataFrame], windows: Assigner, by: Sequen
     output = _output_schema(schema, by, spec)
     processor = SessionProcessor(spec, by, inputs) if spec.assigner.merging else \
         WindowProcessor(spec, by, inputs, combined, streams=len(frames))
-    return (follow_watermarks(prepared, MARK)
+    return (follow_watermarks(prepared, _spark_mark(combined is not None, len(frames)))
             .groupBy(BUCKET)
             .transformWithStateInPandas(processor, output, "Append", "EventTime"))
+
+
+def _spark_mark(ticked: bool, inputs: int) -> str | Column:
+    """What Spark's watermark follows. One stream of fixed windows fires by its input clock
+    alone: every bucket hears every batch's highest row watermark through the ticks, so a
+    timer never finds anything due that the clock had not fired a batch earlier. There Spark's
+    watermark follows the records' rows and not the heartbeats: a heartbeat batch then fires
+    the last windows by its clock and Spark runs no extra batch after it (it runs one whenever
+    its watermark advances), which is one micro-batch less at the end of every AvailableNow
+    run or lull. Sessions and several streams need Spark's watermark (and timers) to move on
+    a heartbeat; they follow every row."""
+    if ticked and inputs == 1:
+        return F.when(F.col("is_heartbeat"), F.lit(None)).otherwise(F.col(MARK))
+    return MARK
 
 
 def _common_schema(frames: Sequence[DataFrame], by: Sequence[str], inputs: Sequence[str],

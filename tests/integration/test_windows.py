@@ -482,6 +482,26 @@ def test_window_whose_end_is_one_ms_above_a_batch_watermark_still_comes_out(
     assert got.kinds() == {"final": 1}
 
 
+def test_an_available_now_run_ends_with_the_batch_that_gives_its_last_windows(
+        spark, broker, topic_factory, tmp_path):
+    # The heartbeat batch fires the last windows by the watermark its row carries; no
+    # micro-batch may follow it (Spark ran one with nothing to do whenever its watermark had
+    # moved, about 0.4 s at the end of every run or lull).
+    writer = topic_factory(2)
+    records = [Record(p, T0 + i * 1_000 + p * 300, key=f"k{i % 3}".encode())
+               for i in range(40) for p in range(2)]
+    writer.send(records)
+    got, query = run(counts(stream(spark, broker, writer.topic, maxOffsetsPerTrigger="30")),
+                     str(tmp_path / "kw"))
+    assert got.applied() == complete(tumbling_truth(records), final_watermark(records))
+    assert got.kinds() == {"final": len(got.applied())}
+    progress = query.recentProgress
+    last = progress[-1]
+    assert last["numInputRows"] > 0, [p["numInputRows"] for p in progress]
+    newest = max(start for _, (_, start, _, _, _) in got.rows)
+    assert {batch for batch, row in got.rows if row[1] == newest} == {last["batchId"]}
+
+
 def test_window_comes_out_in_the_same_micro_batch_as_sparks_own_aggregation(
         spark, broker, topic_factory, tmp_path):
     """Latency (issue 24): the rows of micro-batch N+1 carry the watermark that batch N's
