@@ -24,6 +24,8 @@ log = logging.getLogger("kwatermark.broker")
 # A wrong address fails this soon: until a broker has answered once in this process, all
 # attempts together get at most this long, not ``kafkaConsumer.pollTimeoutMs`` (DESIGN §3).
 NEVER_REACHED_BUDGET_MS = 15_000
+# Distinct connection errors kept for a failure's message (see _record_connection_error).
+CONNECTION_ERRORS = 3
 
 T = TypeVar("T")
 
@@ -34,11 +36,13 @@ class KafkaMetadata:
     def __init__(self, options: SourceOptions):
         self.options = options
         self._admin: AdminClient | None = None
-        self._connection_error: str | None = None
+        # Why connections failed since a broker last answered: the text of each kind (digits
+        # ignored), the first CONNECTION_ERRORS kinds in the order they came.
+        self._connection_errors: dict[str, str] = {}
         self._reached = False  # a broker answered once since this process started the query
 
     def __getstate__(self) -> dict:
-        return {"options": self.options, "_admin": None, "_connection_error": None,
+        return {"options": self.options, "_admin": None, "_connection_errors": {},
                 "_reached": False}
 
     @property
@@ -58,9 +62,18 @@ class KafkaMetadata:
 
     def _record_connection_error(self, error: KafkaError) -> None:
         # Why a connection failed (refused, TLS, SASL) reaches only this callback; the
-        # request that then times out says just "Broker transport failure".
-        if error.code() != KafkaError._ALL_BROKERS_DOWN:
-            self._connection_error = error.str()
+        # request that then times out says just "Broker transport failure". librdkafka words
+        # a repeated failure differently from the first ("SSL handshake failed: ...
+        # certificate verify failed: broker certificate could not be verified, verify that
+        # ssl.ca.location ...", then "...certificate verify failed (after 3ms in state
+        # SSL_HANDSHAKE)"), so each kind is kept, not only the last.
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            return
+        text = error.str()
+        kind = re.sub(r"\d+", "#", text)
+        if kind not in self._connection_errors and \
+                len(self._connection_errors) < CONNECTION_ERRORS:
+            self._connection_errors[kind] = text
 
     @property
     def budget_ms(self) -> int:
@@ -85,14 +98,15 @@ class KafkaMetadata:
             try:
                 result = call()
                 self._reached = True
+                self._connection_errors.clear()
                 return result
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else exc
                 if attempt + 1 >= attempts:
                     self.admin.poll(0)  # serves the queued error_cb calls
-                    last = self._connection_error
-                    cause = (f"; last connection error: {last}" + security.tls_verify_reason(
-                        last, self.options.consumer_conf()) if last else "")
+                    errors = " | ".join(self._connection_errors.values())
+                    cause = (f"; connection errors: {errors}" + security.tls_verify_reason(
+                        errors, self.options.consumer_conf()) if errors else "")
                     if self._reached:
                         budget = f"kafkaConsumer.pollTimeoutMs={self.options.poll_timeout_ms}"
                     else:

@@ -77,3 +77,32 @@ def test_the_full_traceback_stays_on_request(monkeypatch):
         _cause_first(deep)(OptionError)
     assert len(formatted(info.value)) > 10
     assert isinstance(info.value.__cause__, KeyError)
+
+
+
+def test_a_broker_failure_names_each_kind_of_connection_error_in_the_order_they_came():
+    # librdkafka words the first failed TLS handshake and its repeats differently; the CI run
+    # of be2bfe8 reported only the terse repeat, which lacks "SSL handshake failed".
+    from confluent_kafka import KafkaError, KafkaException
+
+    from kwatermark.broker import KafkaMetadata
+    from kwatermark.options import parse_options
+
+    metadata = KafkaMetadata(parse_options({"kafka.bootstrap.servers": "127.0.0.1:1",
+                                            "subscribe": "t", "fetchOffset.numRetries": "0"}))
+    first = ("ssl://127.0.0.1:1/bootstrap: SSL handshake failed: error:0A000086:SSL "
+             "routines::certificate verify failed: broker certificate could not be verified")
+    repeat = ("ssl://127.0.0.1:1/bootstrap: error:0A000086:SSL routines::certificate verify "
+              "failed (after {} ms in state SSL_HANDSHAKE)")
+    for text in (first, repeat.format(3), repeat.format(4), "1/1 brokers are down"):
+        code = KafkaError._ALL_BROKERS_DOWN if "down" in text else KafkaError._SSL
+        metadata._record_connection_error(KafkaError(code, text))
+
+    def timed_out():
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Broker transport failure"))
+
+    with pytest.raises(BrokerError) as failure:
+        metadata._retrying("listing topics", timed_out)
+    message = str(failure.value)
+    assert f"connection errors: {first} | {repeat.format(3)}" in message, message
+    assert repeat.format(4) not in message and "brokers are down" not in message
