@@ -17,7 +17,7 @@ from kwatermark import security
 from kwatermark.errors import BrokerError, OptionError
 from kwatermark.offsets import TopicPartition
 from kwatermark.options import SourceOptions, Subscription
-from kwatermark.rdkafka_log import librdkafka_logger
+from kwatermark.rdkafka_log import librdkafka_logger, line_kind
 
 log = logging.getLogger("kwatermark.broker")
 
@@ -70,7 +70,7 @@ class KafkaMetadata:
         if error.code() == KafkaError._ALL_BROKERS_DOWN:
             return
         text = error.str()
-        kind = re.sub(r"\d+", "#", text)
+        kind = line_kind(text)
         if kind not in self._connection_errors and \
                 len(self._connection_errors) < CONNECTION_ERRORS:
             self._connection_errors[kind] = text

@@ -116,9 +116,10 @@ class BatchPlanner:
                                      default=options.state_location_is_default)
         self.fingerprint = options.watermark.fingerprint()
         self._policy = None
-        self._folded: dict[str, tuple[dict[TopicPartition, PartitionState], int]] = {}
-        # The lowest event time each partition read in the batch last folded (its key).
-        self._lowest: dict[str, dict[TopicPartition, int]] = {}
+        # The batch last folded (its offset's key): the states, the highest row watermark and
+        # the lowest event time each partition read.
+        self._folded: dict[str, tuple[dict[TopicPartition, PartitionState], int,
+                                      dict[TopicPartition, int]]] = {}
         self._target: dict[TopicPartition, int] | None = None
         self._last_trigger_ms: int | None = None
         # Whether this run has planned a batch yet: see the heartbeat in latest_offset.
@@ -132,7 +133,7 @@ class BatchPlanner:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         # Driver-side observation stays on the driver: tasks never read it.
-        state.update(_policy=None, _folded={}, _lowest={}, latest_seen={}, _announced=set())
+        state.update(_policy=None, _folded={}, latest_seen={}, _announced=set())
         return state
 
     @property
@@ -454,7 +455,7 @@ class BatchPlanner:
         watermark any row of that batch carried."""
         key = offset.dumps()
         if key in self._folded:
-            return self._folded[key]
+            return self._folded[key][:2]
         tasks = self.tasks(offset)
         found: list[ProgressRecord | None] = []
         # Spark tasks wrote one file per pack (ledger.publish_pack); a range's own record
@@ -498,14 +499,13 @@ class BatchPlanner:
             highest = max([highest] + [from_optional(d.max_row_watermark) for d in done])
         if offset.heartbeat:
             highest = from_optional(offset.watermark)
-        self._folded = {key: (states, highest)}
-        self._lowest = {key: lowest}
+        self._folded = {key: (states, highest, lowest)}
         return states, highest
 
     def lowest_events(self, offset: BatchOffset) -> dict[TopicPartition, int]:
         """The lowest event time each partition read in the batch ending at ``offset``."""
         self.fold(offset)
-        return self._lowest.get(offset.dumps(), {})
+        return self._folded[offset.dumps()][2]
 
     def _recompute(self, tasks: list[RangeTask]) -> list[ProgressRecord]:
         """The progress records of ranges whose records are missing, by reading them here,

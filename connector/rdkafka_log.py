@@ -49,7 +49,7 @@ class RateLimit(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        key = (record.levelno, _NUMBERS.sub("#", message))
+        key = (record.levelno, line_kind(message))
         now = self.clock()
         seen = self._seen.get(key)
         if seen is not None and now - seen[0] < self.every_s:
@@ -63,6 +63,16 @@ class RateLimit(logging.Filter):
                           f"{now - seen[0]:.0f} s]")
             record.args = ()
         return True
+
+
+def line_kind(text: str) -> str:
+    """What makes librdkafka lines "the same kind": their text with every number as ``#``
+    (ports, milliseconds, broker counts differ between repeats).
+
+    >>> line_kind("Connect to ipv4#127.0.0.1:1 failed (after 3ms)")
+    'Connect to ipv###.#.#.#:# failed (after #ms)'
+    """
+    return _NUMBERS.sub("#", text)
 
 
 def librdkafka_logger() -> logging.Logger:
