@@ -46,7 +46,11 @@ KWATERMARK_OPTIONS = (
 DEFAULT_MIN_RECORDS_PER_PARTITION = 20_000
 # Serde options are open-ended (schemas, registry auth); they are validated by kwatermark.serde.
 SERDE_PREFIXES = ("key.avro.", "value.avro.", "key.json.", "value.json.",
+                  "key.protobuf.", "value.protobuf.",
                   "key.schema.registry.", "value.schema.registry.")
+# The {role}.format values (kwatermark.serde.FORMATS; serde is imported lazily).
+FORMATS = ("binary", "string", "json", "avro", "avro-confluent", "protobuf-confluent",
+           "json-schema-confluent")
 # Plug-in options are passed through to user classes with their full names.
 PLUGIN_PREFIXES = ("watermark.", "idle.")
 
@@ -524,13 +528,12 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> S
     field_path = opts.get("eventTime.field")
     if field_path and assigner:
         raise OptionError("options eventTime.field and eventTime.assigner conflict; set one")
-    value_format = _parse_choice("value.format", opts.get("value.format", "binary"),
-                                 ("binary", "string", "json", "avro", "avro-confluent"))
-    key_format = _parse_choice("key.format", opts.get("key.format", "binary"),
-                               ("binary", "string", "json", "avro", "avro-confluent"))
+    value_format = _parse_choice("value.format", opts.get("value.format", "binary"), FORMATS)
+    key_format = _parse_choice("key.format", opts.get("key.format", "binary"), FORMATS)
     if field_path and value_format in ("binary", "string"):
         raise OptionError("option eventTime.field needs a structured value.format "
-                          "(json, avro or avro-confluent)")
+                          "(json, avro, avro-confluent, protobuf-confluent or "
+                          "json-schema-confluent)")
     if strategy == "timelag" and "watermark.maxTimeLag" not in opts:
         raise OptionError("option watermark.maxTimeLag is required when watermark.strategy "
                           "is 'timelag' (how far the watermark trails processing time, e.g. "
