@@ -6,8 +6,13 @@ classes that confluent-kafka's ``ProtobufSerializer`` accepts.
 
 from __future__ import annotations
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
-from google.protobuf import timestamp_pb2  # noqa: F401 - puts Timestamp in the default pool
+from google.protobuf import (
+    descriptor_pb2,
+    descriptor_pool,
+    message_factory,
+    text_format,
+    timestamp_pb2,
+)
 
 ORDERS_V1 = """
 name: "orders.proto" package: "shop" syntax: "proto3"
