@@ -18,7 +18,6 @@ from kwatermark.options import parse_options
 from kwatermark.planner import BatchPlanner
 from kwatermark.rdkafka_log import LOGGER_NAME
 from tests.support.kafka import Record, TestBroker, TopicWriter
-from tests.support.registry import FakeSchemaRegistry
 from tests.support.streams import kwatermark_batch, kwatermark_stream, run_available_now
 
 
@@ -145,46 +144,44 @@ def test_librdkafka_lines_are_rate_limited(caplog, monkeypatch):
 ORDER = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"}]}
 
 
-def test_avro_confluent_defaults_to_the_topic_name_strategy_subject(spark, broker,
-                                                                    topic_factory):
+def test_avro_confluent_defaults_to_the_topic_name_strategy_subject(
+        spark, broker, topic_factory, schema_registry):
     writer = topic_factory(1)
-    with FakeSchemaRegistry() as registry:
-        client = SchemaRegistryClient({"url": registry.url})
-        serialize = AvroSerializer(client, json.dumps(ORDER))  # registers <topic>-value
-        ctx = SerializationContext(writer.topic, MessageField.VALUE)
-        writer.send([Record(0, 1_000, serialize({"id": i}, ctx)) for i in (1, 2)])
-        for subscription in ({"subscribe": writer.topic},
-                             {"assign": json.dumps({writer.topic: [0]})}):
-            rows = kwatermark_batch(spark, broker, None,
-                                    **{"value.format": "avro-confluent",
-                                       "value.schema.registry.url": registry.url},
-                                    **subscription).collect()
-            assert [r["value_decoded"]["id"] for r in rows] == [1, 2]
-        assert f"/subjects/{writer.topic}-value/versions/latest" in registry.requests
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    serialize = AvroSerializer(client, json.dumps(ORDER))  # registers <topic>-value
+    ctx = SerializationContext(writer.topic, MessageField.VALUE)
+    writer.send([Record(0, 1_000, serialize({"id": i}, ctx)) for i in (1, 2)])
+    # No reader schema and no subject option: only <topic>-value can give the type.
+    for subscription in ({"subscribe": writer.topic},
+                         {"assign": json.dumps({writer.topic: [0]})}):
+        rows = kwatermark_batch(spark, broker, None,
+                                **{"value.format": "avro-confluent",
+                                   "value.schema.registry.url": schema_registry.url},
+                                **subscription).collect()
+        assert [r["value_decoded"]["id"] for r in rows] == [1, 2]
 
 
-def test_avro_confluent_without_a_derivable_subject_names_the_options(spark, broker,
-                                                                      topic_factory):
+def test_avro_confluent_without_a_derivable_subject_names_the_options(
+        spark, broker, topic_factory, schema_registry):
     a, b = topic_factory(1), topic_factory(1)
-    with FakeSchemaRegistry() as registry:
-        for subscription in ({"subscribe": f"{a.topic},{b.topic}"},
-                             {"subscribePattern": "t-.*"}):
-            with pytest.raises(Exception, match="set value.avro.readerSchema, "
-                                                "value.avro.schema or "
-                                                "value.schema.registry.subject"):
-                kwatermark_batch(spark, broker, None,
-                                 **{"value.format": "avro-confluent",
-                                    "value.schema.registry.url": registry.url},
-                                 **subscription).collect()
+    for subscription in ({"subscribe": f"{a.topic},{b.topic}"},
+                         {"subscribePattern": "t-.*"}):
+        with pytest.raises(Exception, match="set value.avro.readerSchema, "
+                                            "value.avro.schema or "
+                                            "value.schema.registry.subject"):
+            kwatermark_batch(spark, broker, None,
+                             **{"value.format": "avro-confluent",
+                                "value.schema.registry.url": schema_registry.url},
+                             **subscription).collect()
 
 
-def test_avro_confluent_default_subject_missing_names_it(spark, broker, topic_factory):
+def test_avro_confluent_default_subject_missing_names_it(spark, broker, topic_factory,
+                                                         schema_registry):
     writer = topic_factory(1)
-    with FakeSchemaRegistry() as registry, pytest.raises(
-            Exception, match=f"'{writer.topic}-value': Confluent's TopicNameStrategy"):
+    with pytest.raises(Exception, match=f"'{writer.topic}-value': Confluent's TopicNameStrategy"):
         kwatermark_batch(spark, broker, writer.topic,
                          **{"value.format": "avro-confluent",
-                            "value.schema.registry.url": registry.url}).collect()
+                            "value.schema.registry.url": schema_registry.url}).collect()
 
 
 # -- 6. error texts ------------------------------------------------------------------------

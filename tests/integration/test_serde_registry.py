@@ -8,15 +8,23 @@ import datetime as dt
 import json
 
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from kwatermark.serde import make_deserializer
 from tests.support.kafka import Record
-from tests.support.protos import ORDERS_V1, ORDERS_V2, file_messages
+from tests.support.protos import (
+    ITEM_FILE,
+    ORDER_WITH_IMPORT,
+    ORDERS_V1,
+    ORDERS_V2,
+    file_messages,
+    files_messages,
+)
 from tests.support.streams import (
     Batches,
     kwatermark_batch,
@@ -74,6 +82,26 @@ def test_avro_default_subject_reads_old_records_with_the_latest_schema_under_bac
         (1, "none"), (2, "n")]
     assert [naive_utc(r["event_time"]) for r in rows] == [utc(BASE_MS + 5_000),
                                                           utc(BASE_MS + 3_000)]
+
+
+def test_avro_schema_references_resolve_through_the_real_registry(topic_factory,
+                                                                 schema_registry):
+    topic = topic_factory(1).topic
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    customer = {"type": "record", "name": "Customer", "namespace": "shop",
+                "fields": [{"name": "name", "type": "string"}]}
+    client.register_schema(f"{topic}-customer", Schema(json.dumps(customer), "AVRO"))
+    order = {"type": "record", "name": "Order", "namespace": "shop",
+             "fields": [{"name": "id", "type": "long"},
+                        {"name": "customer", "type": "shop.Customer"}]}
+    order_id = client.register_schema(f"{topic}-value", Schema(
+        json.dumps(order), "AVRO", [SchemaReference("shop.Customer", f"{topic}-customer", 1)]))
+    decoder = make_deserializer("value", {"value.format": "avro-confluent",
+                                          "value.schema.registry.url": schema_registry.url},
+                                topic=topic)
+    batch = decoder.decode([b"\x00" + order_id.to_bytes(4, "big") + b"\x02\x06ada"])
+    assert (batch.array.to_pylist(), batch.errors) == (
+        [{"id": 1, "customer": {"name": "ada"}}], [None])
 
 
 # -- Protobuf -----------------------------------------------------------------------------
@@ -160,6 +188,25 @@ def test_protobuf_record_of_another_message_fails_the_query_naming_its_offset(
     with pytest.raises(Exception, match=f"topic {writer.topic}, partition 0, offset 2: "
                                         f"cannot decode value: the record is a shop.Item"):
         frame.collect()
+
+
+def test_protobuf_imports_registered_as_references_by_the_serializer(topic_factory,
+                                                                    schema_registry):
+    topic = topic_factory(1).topic
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    messages = files_messages(ITEM_FILE, ORDER_WITH_IMPORT)
+    order = messages["Order"](id=4)
+    order.items.add(sku="a")
+    order.items.add(sku="b")
+    payload = ProtobufSerializer(messages["Order"], client, {"use.deprecated.format": False})(
+        order, value_ctx(topic))
+    assert client.get_latest_version(f"{topic}-value").schema.references  # not inlined
+    decoder = make_deserializer("value", {"value.format": "protobuf-confluent",
+                                          "value.schema.registry.url": schema_registry.url},
+                                topic=topic)
+    batch = decoder.decode([payload])
+    assert (batch.array.to_pylist(), batch.errors) == (
+        [{"id": 4, "items": [{"sku": "a"}, {"sku": "b"}]}], [None])
 
 
 # -- JSON Schema --------------------------------------------------------------------------

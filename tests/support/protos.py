@@ -63,3 +63,37 @@ def file_messages(text: str) -> dict[str, type]:
     file = pool.AddSerializedFile(proto.SerializeToString())
     return {name: message_factory.GetMessageClass(desc)
             for name, desc in file.message_types_by_name.items()}
+
+
+# Two files: the order imports its item from another file, which confluent-kafka's
+# serializer registers as a schema reference (subject "shop/item.proto").
+ITEM_FILE = """
+name: "shop/item.proto" package: "shop" syntax: "proto3"
+message_type {
+  name: "Item"
+  field { name: "sku" number: 1 label: LABEL_OPTIONAL type: TYPE_STRING }
+}
+"""
+ORDER_WITH_IMPORT = """
+name: "shop/order.proto" package: "shop" syntax: "proto3"
+dependency: "shop/item.proto"
+message_type {
+  name: "Order"
+  field { name: "id" number: 1 label: LABEL_OPTIONAL type: TYPE_INT64 }
+  field { name: "items" number: 2 label: LABEL_REPEATED type: TYPE_MESSAGE
+          type_name: ".shop.Item" }
+}
+"""
+
+
+def files_messages(*texts: str) -> dict[str, type]:
+    """Like :func:`file_messages` for several files in one pool, dependencies first: the
+    message classes of the last file."""
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
+    file = None
+    for text in texts:
+        proto = text_format.Parse(text, descriptor_pb2.FileDescriptorProto())
+        file = pool.AddSerializedFile(proto.SerializeToString())
+    return {name: message_factory.GetMessageClass(desc)
+            for name, desc in file.message_types_by_name.items()}
