@@ -83,11 +83,18 @@ def ivy_settings() -> Path:
     return path
 
 
-def spark_kafka_conf(version: str = SPARK_KAFKA_VERSION) -> dict[str, str]:
-    """Spark config that adds Spark's Kafka source: the package, resolved from Maven
-    Central into Ivy's cache under :func:`cache_root` (every run after the first is
-    offline)."""
-    return {"spark.jars.packages": kafka_package(version),
+def spark_package(module: str, version: str = SPARK_KAFKA_VERSION) -> str:
+    """The coordinate of another of Spark's external modules, e.g. ``spark-avro`` or
+    ``spark-protobuf`` (for ``extra_packages``)."""
+    return f"org.apache.spark:{module}_2.13:{version}"
+
+
+def spark_kafka_conf(version: str = SPARK_KAFKA_VERSION,
+                     extra_packages: tuple[str, ...] = ()) -> dict[str, str]:
+    """Spark config that adds Spark's Kafka source (and ``extra_packages``, Maven
+    coordinates): the packages, resolved from Maven Central into Ivy's cache under
+    :func:`cache_root` (every run after the first is offline)."""
+    return {"spark.jars.packages": ",".join([kafka_package(version), *extra_packages]),
             "spark.jars.ivySettings": str(ivy_settings()),
             "spark.jars.ivy": str(cache_root() / "ivy")}
 
@@ -207,9 +214,11 @@ def child_io() -> tuple[Any, Callable[[Any], None]]:
 
 
 def baseline_session(app: str = "kwatermark-baseline", master: str = "local[2]",
-                     conf: Mapping[str, str] | None = None):
+                     conf: Mapping[str, str] | None = None,
+                     extra_packages: tuple[str, ...] = ()):
     """A SparkSession with Spark's Kafka source on its classpath (``format("kafka")``) and
-    kwatermark discovered (``format("kwatermark")``), UTC, no UI. Extra ``conf`` wins."""
+    kwatermark discovered (``format("kwatermark")``), UTC, no UI. Extra ``conf`` wins;
+    ``extra_packages`` (e.g. :func:`spark_package` ``("spark-avro")``) join Kafka's."""
     from pyspark.sql import SparkSession
 
     builder = (SparkSession.builder.master(master).appName(app)
@@ -218,7 +227,8 @@ def baseline_session(app: str = "kwatermark-baseline", master: str = "local[2]",
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.driver.memory", "2g"))
-    for key, value in {**spark_kafka_conf(), **dict(conf or {})}.items():
+    for key, value in {**spark_kafka_conf(extra_packages=extra_packages),
+                       **dict(conf or {})}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
