@@ -8,7 +8,12 @@ decoded value (so every record is decoded):
 * spark: ``format("kafka")`` then Spark's own decoder on the body after Confluent's header:
   ``from_avro`` / ``from_protobuf`` (the descriptor set given as bytes) / ``from_json``;
 * kwatermark: ``format("kwatermark")`` with ``value.format`` = the ``*-confluent`` format,
-  the schema from the registry.
+  the schema from the registry;
+* raw: ``format("kafka")`` without decoding (count and total length of the values): the
+  floor of reading the topic at all.
+
+Spark's ``from_protobuf`` runs only when the request says spark-protobuf can be resolved
+(``spark_protobuf``): Maven Central does not serve ``spark-protobuf_2.13`` here.
 
 Reply: every run's seconds, the aggregates of both readers (which must agree), the Spark
 version and the load average before and after.
@@ -49,6 +54,14 @@ def spark_read(spark, request: dict, fmt: str):
         col("ids"), col("stamped"), col("quantity"))
 
 
+def raw_read(spark, request: dict, fmt: str):
+    return (spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", request["bootstrap"])
+            .option("subscribe", request["topics"][fmt])
+            .option("startingOffsets", "earliest").load()
+            .selectExpr("count(*) AS n", "sum(length(value)) AS bytes", "0 AS zero"))
+
+
 def kwatermark_read(spark, request: dict, fmt: str):
     options = {"kafka.bootstrap.servers": request["bootstrap"],
                "subscribe": request["topics"][fmt], "startingOffsets": "earliest",
@@ -61,15 +74,19 @@ def kwatermark_read(spark, request: dict, fmt: str):
 
 def main() -> None:
     request, reply = child_io()
-    spark = baseline_session("kwatermark-bench-serde", extra_packages=(
-        spark_package("spark-avro"), spark_package("spark-protobuf")))
+    packages = [spark_package("spark-avro")]
+    if request["spark_protobuf"]:
+        packages.append(spark_package("spark-protobuf"))
+    spark = baseline_session("kwatermark-bench-serde", extra_packages=tuple(packages))
     load_before = os.getloadavg()
     runs: list[dict] = []
     formats = list(request["topics"])
-    readers = {"spark": spark_read, "kwatermark": kwatermark_read}
+    readers = {"raw": raw_read, "spark": spark_read, "kwatermark": kwatermark_read}
     for round_no in range(request["repeat"] + 1):  # round 0 warms the session up
         for fmt in formats:
             for reader, read in readers.items():
+                if reader == "spark" and fmt == "protobuf" and not request["spark_protobuf"]:
+                    continue
                 started = time.perf_counter()
                 row = read(spark, request, fmt).collect()[0]
                 seconds = time.perf_counter() - started
