@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kwatermark.errors import KWatermarkError
-from kwatermark.kafkabroker import _tail, cache_root, die_with_parent, free_port, require_tool
+from kwatermark.kafkabroker import _tail, cache_root, die_with_parent, free_port
 
 APICURIO_VERSION = "3.0.9"
 ARTIFACT = f"io.apicurio:apicurio-registry-app:{APICURIO_VERSION}:tar.gz:all"
@@ -45,6 +45,15 @@ ARTIFACT = f"io.apicurio:apicurio-registry-app:{APICURIO_VERSION}:tar.gz:all"
 # without reading its POM's parent (which Maven Central does not serve for this artifact).
 _GET = "org.apache.maven.plugins:maven-dependency-plugin:2.8:get"
 CCOMPAT_PATH = "/apis/ccompat/v7"
+
+
+def require_tool(name: str, what: str) -> str:
+    found = shutil.which(name)
+    if not found:
+        raise KWatermarkError(f"the local Schema Registry needs `{name}` on PATH: install "
+                              f"{what}, or point value.schema.registry.url at a registry of "
+                              f"your own")
+    return found
 
 
 def runtime_dir() -> Path:
