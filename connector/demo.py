@@ -34,7 +34,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -167,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     conf, missing = spark_route()
+    if missing is not None:
+        print(f"Spark's Kafka connector could not be had ({missing}): Spark's route reads with "
+              f"format(\"kwatermark\") and watermark.strategy=none instead, which shares the "
+              f"read limit by backlog as format(\"kafka\") does")
     broker = None
     bootstrap = args.bootstrap_servers
     if not bootstrap:
@@ -213,19 +216,13 @@ def _run(bootstrap: str, per_partition: int, lag_ms: int, batch: int, live_trigg
               f"every 500 ms of event time,\npartition {LAGGING} {lag_ms / 1000:g} s behind, "
               f"and one record per partition at "
               f"{_s(max(r[2] for r in produced.records), t0)} that closes the last windows")
-    else:
-        t0 = int(time.time() * 1000)
-        t0 -= t0 % SIZE
-        print(f"topic {topic}: written live from now on (event time +0 s = {_utc(t0)}), one "
-              f"record per partition\nevery 500 ms for {per_partition * STEP_MS / 1000:g} s, "
-              f"partition {LAGGING} stamped {lag_ms / 1000:g} s behind; both queries run "
-              f"every {live_trigger}")
 
     builder = (SparkSession.builder.master("local[2]").appName("kwatermark-demo")
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.session.timeZone", "UTC"))
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.streaming.numRecentProgressUpdates", "10000"))
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -238,9 +235,6 @@ def _run(bootstrap: str, per_partition: int, lag_ms: int, batch: int, live_trigg
             label = (f"Spark's own pipeline: format(\"kafka\") (spark-sql-kafka "
                      f"{_connector_version(conf)} in PySpark {spark.version})")
         else:
-            print(f"Spark's Kafka connector could not be had ({missing}); Spark's route "
-                  f"reads with format(\"kwatermark\") and watermark.strategy=none instead, "
-                  f"which shares the read limit by backlog as format(\"kafka\") does")
             plain = (spark.readStream.format("kwatermark").options(**options)
                      .option("watermark.strategy", "none").load())
             label = ("Spark's route, read as Spark's Kafka source reads (format(\"kwatermark\"), "
@@ -261,8 +255,8 @@ def _run(bootstrap: str, per_partition: int, lag_ms: int, batch: int, live_trigg
             _run_available_now(native, spark_route)
             _run_available_now(windowed, kw_route)
         else:
-            _run_live(bootstrap, topic, per_partition, lag_ms, produced, live_trigger,
-                      [(native, spark_route), (windowed, kw_route)])
+            t0 = _run_live(bootstrap, topic, per_partition, lag_ms, produced, live_trigger,
+                           [(native, spark_route), (windowed, kw_route)])
         _print_spark_batches(spark_route, produced, topic, t0)
         _print_kw_batches(kw_route, options, t0)
         _print_side_by_side(produced, spark_route, kw_route, topic, t0)
@@ -305,32 +299,59 @@ def _run_available_now(frame, route: Route) -> None:
 
 
 def _run_live(bootstrap: str, topic: str, per_partition: int, lag_ms: int, produced: Produced,
-              trigger: str, queries: list) -> None:
-    """Both queries on ``trigger`` while the topic is written live; then each is stopped
-    and restarted from its checkpoint with AvailableNow, which reads what is left and ends
-    with the windows the closing records complete."""
+              trigger: str, queries: list, timeout_s: float = 600) -> int:
+    """Both queries on ``trigger``; once both wait for data, the topic is written live. Each
+    query runs until the batch that gives its last windows (Spark's: the one whose watermark
+    is the closing records' event time minus the delay; kwatermark's: the one whose combined
+    watermark is the final one). Returns event time 0 of the output (epoch ms)."""
     checkpoints = [tempfile.mkdtemp(prefix="kwatermark-demo-") for _ in queries]
-    started = time.monotonic()
     running = [_start(frame, route, cp, {"processingTime": trigger})
                for (frame, route), cp in zip(queries, checkpoints)]
-    writer = threading.Thread(target=produce_live,
-                              args=(bootstrap, topic, per_partition, lag_ms, produced))
-    writer.start()
-    writer.join()
-    _check(produced, 3 * per_partition + 3)
-    print(f"  wrote {len(produced.records)} records in {time.monotonic() - started:.0f} s")
-    for query, (_, route) in zip(running, queries):
-        route.progress.extend(query.recentProgress)
-        query.stop()
-    for (frame, route), cp in zip(queries, checkpoints):
-        again = time.monotonic()
-        _finish(_start(frame, route, cp, {"availableNow": True}), route, again)
-        print(f"  {route.name}: {_batches(route)} micro-batches, the last "
-              f"{time.monotonic() - again:.0f} s after the writing ended")
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not all(q.lastProgress is not None
+                      or q.status["message"] == "Waiting for data to arrive" for q in running):
+            _check_running(running, deadline)
+            time.sleep(0.5)
+        t0 = int(time.time() * 1000)
+        t0 -= t0 % SIZE
+        print(f"topic {topic}: written live from now on (event time +0 s = {_utc(t0)}): one "
+              f"record per partition\nevery 500 ms for {per_partition * STEP_MS / 1000:g} s, "
+              f"partition {LAGGING} stamped {lag_ms / 1000:g} s behind; both queries run every "
+              f"{trigger}", flush=True)
+        started = time.monotonic()
+        produce_live(bootstrap, topic, per_partition, lag_ms, produced)
+        _check(produced, 3 * per_partition + 3)
+        print(f"  wrote {len(produced.records)} records in {time.monotonic() - started:.0f} s")
+        close = max(ts for _, _, ts, _ in produced.records)
+        done = [lambda p: _spark_watermark(p) >= close - SIZE,
+                lambda p: (json.loads(p["sources"][0]["endOffset"]).get("watermark") or 0)
+                >= close - 1]
+        ended = time.monotonic()
+        for query, (_, route), finished in zip(running, queries, done):
+            while not any(finished(p) for p in query.recentProgress):
+                _check_running([query], deadline)
+                time.sleep(0.5)
+            route.progress.extend(query.recentProgress)
+            route.seconds = time.monotonic() - started
+            print(f"  {route.name}: {_batches(route)} micro-batches; the last windows out "
+                  f"{time.monotonic() - ended:.0f} s after the writing ended")
+    finally:
+        for query in running:
+            query.stop()
+    return t0
+
+
+def _check_running(queries, deadline: float) -> None:
+    for query in queries:
+        if query.exception() is not None:
+            raise RuntimeError(f"query {query.name or query.id} failed: {query.exception()}")
+    if time.monotonic() > deadline:
+        raise RuntimeError("the live queries did not finish in time")
 
 
 def _batches(route: Route) -> int:
-    return len({p["batchId"] for p in route.progress})
+    return len(route.rows)  # foreachBatch runs for every batch, those without data too
 
 
 def _ends(progress: dict, topic: str) -> dict[int, int]:

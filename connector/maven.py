@@ -106,5 +106,6 @@ def _reason(lines: list[str]) -> str:
         text = re.sub(r"^\s*\[ERROR\]\s*", "", line)
         if text != line and text.strip():
             text = re.sub(r"^Failed to execute goal( .*?)? on project [^:]+: ", "", text)
+            text = re.sub(r"^Could not resolve dependencies for project [^ ]+: ", "", text)
             return re.sub(r"\s*-> \[Help \d+\]\s*$", "", text).strip()
     return "see Maven's output below"
