@@ -42,6 +42,7 @@ from datetime import datetime, timezone
 T0 = 1_700_000_000_000     # event time 0 of the backlog scenario (a multiple of 10 s), epoch ms
 SIZE = 10_000              # tumbling windows of 10 s
 DELAY = "10 seconds"       # Spark's withWatermark delay
+DELAY_MS = 10_000
 PARTITIONS = 3
 KEYS = 5
 LAGGING = 2                # the partition that runs behind
@@ -324,7 +325,7 @@ def _run_live(bootstrap: str, topic: str, per_partition: int, lag_ms: int, produ
         _check(produced, 3 * per_partition + 3)
         print(f"  wrote {len(produced.records)} records in {time.monotonic() - started:.0f} s")
         close = max(ts for _, _, ts, _ in produced.records)
-        done = [lambda p: _spark_watermark(p) >= close - SIZE,
+        done = [lambda p: _spark_watermark(p) >= close - DELAY_MS,
                 lambda p: (json.loads(p["sources"][0]["endOffset"]).get("watermark") or 0)
                 >= close - 1]
         ended = time.monotonic()
