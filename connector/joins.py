@@ -141,7 +141,7 @@ class JoinProcessor(StatefulProcessor):
                                   repr(s.payload)))
         if any(part is None for part in key):
             # A null key matches nothing (SQL): each row is final at once.
-            yield from self._rows(key, unmatchable(self.spec, sides))
+            yield from self._rows(key, unmatchable(self.spec, sides, watermark))
             return
         joined = held.apply(self.spec, sides, watermark)
         self._save(held, watermark)
