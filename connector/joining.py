@@ -8,8 +8,9 @@ Watermarks follow DESIGN §2: ``W`` means no on-time record with event time ``<=
 to come. ``W`` below is Spark's watermark, the minimum of the inputs' watermarks
 (kwatermark.clock), never above any row's own watermark. A row is late when its event time
 is at or below the operator's watermark, as in Flink: ``W`` for a join (the lower of its two
-streams', not the row's own stream's), the row's own watermark for deduplication (one input,
-whose watermark is the operator's; fresher than ``W``, never below it). That is what makes
+streams', not the row's own stream's), and for deduplication the row's own watermark with
+one input (its stream's is the operator's; fresher than ``W``), ``W`` with several
+(:func:`operator_watermark`). That is what makes
 forgetting at ``expiry`` safe: an on-time row arriving later has ``t > W``, and a row held
 until ``W >= expiry`` can match no such ``t``.
 
@@ -93,6 +94,21 @@ def is_late(t: int | None, row_watermark: int | None) -> bool:
     if t is None:
         return True
     return row_watermark is not None and t <= row_watermark
+
+
+def operator_watermark(row_watermark: int | None, watermark: int, inputs: int) -> int | None:
+    """The watermark a row of a deduplication is judged by, as Flink judges by its operator's:
+    with one input, the row's own (that stream's watermark as the row arrives, fresher than
+    Spark's ``W``); with several, ``W``, the lowest of them (a stream ahead of the others does
+    not make its rows late: the firsts they may duplicate are held until ``W`` releases
+    them). Undefined (None) while the row's own stream has none.
+
+    >>> operator_watermark(8, 2, inputs=1), operator_watermark(8, 2, inputs=2)
+    (8, 2)
+    """
+    if row_watermark is None or inputs == 1:
+        return row_watermark
+    return min(row_watermark, watermark)
 
 
 def late_in_join(row: Side, watermark: int) -> bool:

@@ -12,6 +12,7 @@ import math
 import os
 import re
 import tempfile
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -407,8 +408,13 @@ def _subscription(opts: Mapping[str, str]) -> Subscription:
         return Subscription(kind, topics=topics)
     if kind == "subscribePattern":
         try:
-            re.compile(text)
-        except (re.error, OverflowError, RecursionError) as exc:
+            with warnings.catch_warnings():
+                # Java's class operators ([a-z&&[^x]]) mean something else in Python, which
+                # only warns (FutureWarning); a fresh compile, as the cache would not warn.
+                warnings.simplefilter("error", FutureWarning)
+                re.purge()
+                re.compile(text)
+        except (re.error, FutureWarning, OverflowError, RecursionError) as exc:
             raise OptionError(f"option subscribePattern: invalid regex {text!r}: {exc} (Python "
                               f"re syntax, which differs from Java's in a few constructs: "
                               f"docs/options.md)") from None

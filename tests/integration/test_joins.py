@@ -246,3 +246,31 @@ def test_a_row_behind_its_own_stream_but_above_the_combined_watermark_meets_ever
               and epoch_ms(r["left_watermark"]) is not None
               and epoch_ms(r["left_watermark"]) >= epoch_ms(r["left_event_time"])}
     assert len(behind) >= 10 and all(i % 10 == 7 for _, i in behind)
+
+
+def test_dedup_of_two_streams_judges_a_row_by_the_lower_watermark(
+        spark, broker, topic_factory, tmp_path):
+    """Deduplicating two streams together, a row is late only at or below the lower of their
+    watermarks (the operator's), not its own stream's: a re-sent record out of order within
+    its own stream, above the lagging other stream's watermark, is recognised as the duplicate
+    it is, not emitted as `late`."""
+    ahead, lagging = topic_factory(1), topic_factory(2)
+    # Every tenth record of `ahead` re-sends the event 3 s before it, 300 ms later: behind
+    # its own stream's watermark (bounded, 1 s). `lagging`'s partition 1 runs 30 s behind.
+    ahead.send([Record(0, T0 + (i - 3) * 1_000 + 300, key=b"e%d" % (i - 3)) if i % 10 == 7
+                else Record(0, T0 + i * 1_000, key=b"e%d" % i) for i in range(150)])
+    lagging.send([Record(p, T0 + j * 1_000 - 30_000 * p + 500, key=b"u%d-%d" % (p, j))
+                  for j in range(150) for p in range(2)])
+    bounded = {"watermark__strategy": "bounded", "watermark__maxOutOfOrderness": "1 second",
+               "maxOffsetsPerTrigger": "50"}
+    unique = drop_duplicates([stream(spark, broker, ahead.topic, **bounded),
+                              stream(spark, broker, lagging.topic, **bounded)],
+                             ["key"], within="5 seconds")
+    got = run(unique, str(tmp_path / "checkpoint"), Collected())
+
+    keys = {r.key for r in ahead.produced + lagging.produced}
+    assert len(ahead.produced) - len({r.key for r in ahead.produced}) == 15
+    assert collections.Counter(r["kind"] for r in got.rows) == {"first": len(keys)}
+    assert collections.Counter(bytes(r["key"]) for r in got.rows) == collections.Counter(keys)
+    resent = [r for r in got.rows if r["topic"] == ahead.topic and r["offset"] % 10 == 7]
+    assert resent == []                       # each re-send dropped as the duplicate it is

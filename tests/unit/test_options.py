@@ -183,9 +183,11 @@ def test_subscribe_pattern_selects_a_topic_as_spark_does(pattern, topic, selecte
     assert subscription.selects(topic) is selected
 
 
-def test_a_java_only_pattern_construct_fails_naming_the_option_and_the_syntax():
-    text = option_error({"kafka.bootstrap.servers": "b:1", "subscribePattern": r"\Qa.b\E"})
-    assert text.startswith("option subscribePattern: invalid regex")
+@pytest.mark.parametrize("java", [r"\Qa.b\E", r"\p{Alpha}+", r"[a-z&&[^x]]", r"(?<n>ev)",
+                                  r"events\z"])
+def test_a_java_only_pattern_construct_fails_naming_the_option_and_the_syntax(java):
+    text = option_error({"kafka.bootstrap.servers": "b:1", "subscribePattern": java})
+    assert text.startswith(f"option subscribePattern: invalid regex {java!r}")
     assert "Python re syntax" in text and "docs/options.md" in text
 
 
