@@ -12,6 +12,7 @@ import math
 import os
 import re
 import tempfile
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -216,6 +217,24 @@ class Subscription:
     pattern: str | None = None
     assigned: tuple[tuple[str, int], ...] = ()
 
+    def selects(self, topic: str) -> bool:
+        """Whether ``subscribePattern`` reads ``topic``, as Spark's default offset reader
+        decides (``SubscribePatternStrategy``): the pattern *found* anywhere in the name (Java's
+        ``Matcher.find()``, Python's ``re.search``), not the whole name; Kafka's internal
+        topics never (``Admin.listTopics()`` leaves them out).
+
+        >>> Subscription("subscribePattern", pattern="orders-(eu|us)").selects("orders-eu-old")
+        True
+        >>> Subscription("subscribePattern", pattern="^orders-(eu|us)$").selects("orders-eu-old")
+        False
+        """
+        return topic not in INTERNAL_TOPICS and re.search(self.pattern or "", topic) is not None
+
+
+# Apache Kafka's internal topics (Topic.INTERNAL_TOPICS, 4.x; 3.x has the first two): the
+# broker flags exactly these as internal. Other names starting with "__" are ordinary topics.
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
+
 
 @dataclass(frozen=True)
 class OffsetBound:
@@ -389,9 +408,16 @@ def _subscription(opts: Mapping[str, str]) -> Subscription:
         return Subscription(kind, topics=topics)
     if kind == "subscribePattern":
         try:
-            re.compile(text)
-        except (re.error, OverflowError, RecursionError) as exc:
-            raise OptionError(f"option subscribePattern: invalid regex {text!r}: {exc}") from None
+            with warnings.catch_warnings():
+                # Java's class operators ([a-z&&[^x]]) mean something else in Python, which
+                # only warns (FutureWarning); a fresh compile, as the cache would not warn.
+                warnings.simplefilter("error", FutureWarning)
+                re.purge()
+                re.compile(text)
+        except (re.error, FutureWarning, OverflowError, RecursionError) as exc:
+            raise OptionError(f"option subscribePattern: invalid regex {text!r}: {exc} (Python "
+                              f"re syntax, which differs from Java's in a few constructs: "
+                              f"docs/options.md)") from None
         return Subscription(kind, pattern=text)
     parsed = _parse_json("assign", text)
     # type() is int: JSON true/false are bools, and bool is an int subclass.

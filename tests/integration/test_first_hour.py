@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -17,7 +18,7 @@ from kwatermark.broker import NEVER_REACHED_BUDGET_MS, KafkaMetadata
 from kwatermark.options import parse_options
 from kwatermark.planner import BatchPlanner
 from kwatermark.rdkafka_log import LOGGER_NAME
-from tests.support.kafka import Record, TestBroker, TopicWriter
+from tests.support.kafka import Record, TestBroker
 from tests.support.streams import kwatermark_batch, kwatermark_stream, run_available_now
 
 
@@ -65,40 +66,65 @@ def test_assign_to_a_missing_topic_says_it_does_not_exist(spark, broker, read, c
         run_available_now(frame, checkpoint)
 
 
-def test_assign_to_a_partition_past_the_topic_end_names_it(spark, broker, topic_factory):
+@pytest.mark.parametrize("read", ["batch", "stream"])
+def test_assign_to_a_partition_past_the_topic_end_reads_the_others_and_names_it(
+        spark, broker, topic_factory, read, checkpoint, caplog):
+    # As Spark's Kafka source does (AssignStrategy keeps the assigned partitions that
+    # exist); the warning is logged in Spark's driver-side Python process, so it is read
+    # from a planner driven directly, against the same broker.
     writer = topic_factory(2)
-    with pytest.raises(Exception, match=f"topic {writer.topic} partition 5 \\(it has 2 "
-                                        f"partition\\(s\\)\\) does not exist"):
-        kwatermark_batch(spark, broker, None,
-                         assign=json.dumps({writer.topic: [0, 5]})).collect()
-
-
-def test_stream_waiting_for_a_missing_topic_warns_once_then_rarely(broker, caplog):
-    # The warning is logged in Spark's driver-side Python process; the planner is driven
-    # directly here so the test can read it, against the real broker.
-    name = missing_topic_name(broker)
+    writer.send([Record(0, 1_000), Record(1, 2_000)])
+    assign = json.dumps({writer.topic: [0, 5]})
+    if read == "batch":
+        rows = kwatermark_batch(spark, broker, None, assign=assign).collect()
+    else:
+        rows = run_available_now(kwatermark_stream(spark, broker, None, assign=assign),
+                                 checkpoint)[0].rows
+    assert [(r["partition"], r["offset"]) for r in rows] == [(0, 0)]
     options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
-                             "subscribe": name})
+                             "assign": assign})
     planner = BatchPlanner(options, None, None)
     with caplog.at_level(logging.WARNING, logger="kwatermark.planner"):
+        for _ in range(3):
+            assert planner.assigned() == [(writer.topic, 0)]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "kwatermark.planner"]
+    assert warnings == [(f"option assign: topic {writer.topic} has no partition 5 on "
+                         f"kafka.bootstrap.servers={broker.bootstrap_servers!r}; the assigned "
+                         f"partitions that exist are read, and partition 5 from its earliest "
+                         f"offset if it is created")]
+
+
+def test_stream_subscribed_to_a_missing_topic_fails_naming_it(spark, broker, checkpoint):
+    # Spark's Kafka source fails such a query too (UnknownTopicOrPartitionException): a
+    # mistyped topic must not give a query that runs and reads nothing.
+    name = missing_topic_name(broker)
+    with pytest.raises(Exception, match=f"option subscribe: topic {name} does not exist on "
+                                        f"kafka.bootstrap.servers="):
+        run_available_now(kwatermark_stream(spark, broker, name), checkpoint)
+
+
+def test_a_subscribed_topic_deleted_while_the_stream_runs_is_warned_about_rarely(
+        broker, topic_factory, caplog):
+    # Only a topic the query has never read is an error when it starts; one that disappears
+    # later is data loss (failOnDataLoss, test_source.py) and a warning while it is gone.
+    # The planner is driven directly so the test can read the warning.
+    writer = topic_factory(1)
+    options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
+                             "subscribe": writer.topic})
+    planner = BatchPlanner(options, None, None)
+    first = planner.initial_offset()
+    assert list(first.partitions) == [(writer.topic, 0)]
+    broker.delete_topic(writer.topic)
+    with caplog.at_level(logging.WARNING, logger="kwatermark.planner"):
+        deadline = time.monotonic() + 30   # the deletion reaches the metadata soon after
+        while planner.assigned() and time.monotonic() < deadline:
+            time.sleep(0.2)
         for _ in range(5):
             assert planner.assigned() == []
     warnings = [r.getMessage() for r in caplog.records if r.name == "kwatermark.planner"]
-    assert warnings == [(f"option subscribe: topic {name} does not exist (yet) on "
+    assert warnings == [(f"option subscribe: topic {writer.topic} does not exist on "
                          f"kafka.bootstrap.servers={broker.bootstrap_servers!r}; nothing is "
                          f"read from it until it is created")]
-
-
-def test_stream_subscribed_to_a_missing_topic_reads_it_once_created(spark, broker,
-                                                                  checkpoint):
-    name = missing_topic_name(broker)
-    frame = kwatermark_stream(spark, broker, name)
-    first, _ = run_available_now(frame, checkpoint)
-    assert first.rows == []
-    writer = TopicWriter(broker, broker.create_topic(1, name=name))
-    writer.send([Record(0, 1_000), Record(0, 2_000)])
-    second, _ = run_available_now(frame, checkpoint)
-    assert [r["offset"] for r in second.rows] == [0, 1]
 
 
 # -- 3. a wrong address --------------------------------------------------------------------
