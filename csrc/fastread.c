@@ -144,7 +144,6 @@ const char *kw_err_text(int e) { return rk.err2str(e); }
 void kw_free(void *p) { free(p); }
 
 /* ---- the reader ---- */
-#define MAX_TOPICS 64
 
 struct kw_reader {
     rd_kafka_t *rk;
@@ -153,8 +152,9 @@ struct kw_reader {
     int64_t max_records;
     int64_t max_bytes;
     int ntopics;
-    char *topic_names[MAX_TOPICS];
-    rd_kafka_topic_t *topics[MAX_TOPICS];
+    int topic_cap;
+    char **topic_names;
+    rd_kafka_topic_t **topics;
     int nlanes;
     int lane_cap;
     kw_lane *lanes;
@@ -220,12 +220,17 @@ int kw_add_lane(kw_reader *r, const char *topic, int32_t partition, int64_t posi
         if (strcmp(r->topic_names[t], topic) == 0)
             break;
     if (t == r->ntopics) {
-        if (t == MAX_TOPICS)
-            return -1;
+        if (t == r->topic_cap) {
+            r->topic_cap = r->topic_cap ? 2 * r->topic_cap : 8;
+            r->topic_names = realloc(r->topic_names, r->topic_cap * sizeof(char *));
+            r->topics = realloc(r->topics, r->topic_cap * sizeof(rd_kafka_topic_t *));
+        }
         r->topic_names[t] = strdup(topic);
         r->topics[t] = rk.topic_new(r->rk, topic, NULL);
-        if (!r->topics[t])
+        if (!r->topics[t]) {
+            free(r->topic_names[t]);
             return -1;
+        }
         r->ntopics++;
     }
     if (r->nlanes == r->lane_cap) {
@@ -522,6 +527,8 @@ void kw_close(kw_reader *r) {
         rk.topic_destroy(r->topics[t]);
         free(r->topic_names[t]);
     }
+    free(r->topics);
+    free(r->topic_names);
     rk.destroy(r->rk);
     free(r->lanes);
     free(r->msgs);
