@@ -88,11 +88,23 @@ def kafka_columns_of(layout: OutputLayout, blocks: list) -> list[pa.Array]:
         layout, topics,
         np.repeat(np.array([b.partition for b in blocks], dtype=np.int32), lengths),
         np.repeat(np.array([index[b.topic] for b in blocks], dtype=np.int32), lengths),
-        [k for b in blocks for k in b.keys], [v for b in blocks for v in b.values],
+        _joined([b.keys for b in blocks]), _joined([b.values for b in blocks]),
         np.concatenate([b.offsets for b in blocks]),
         np.concatenate([b.timestamps_ms for b in blocks]),
         np.concatenate([b.timestamp_types for b in blocks]),
-        [h for b in blocks for h in b.headers] if layout.include_headers else None)
+        _joined([b.headers for b in blocks]) if layout.include_headers else None)
+
+
+def _joined(columns: list) -> list | pa.Array:
+    """Blocks' columns one after another: Python lists (the Python engine) or Arrow arrays
+    (the compiled engine, kwatermark.compiled)."""
+    if isinstance(columns[0], pa.Array):
+        return pa.concat_arrays(columns)
+    return [item for column in columns for item in column]
+
+
+def _column(items: list | pa.Array, kind: pa.DataType) -> pa.Array:
+    return items if isinstance(items, pa.Array) else pa.array(items, type=kind)
 
 
 def _kafka_columns(layout: OutputLayout, topics: list[str], partitions: np.ndarray,
@@ -100,8 +112,8 @@ def _kafka_columns(layout: OutputLayout, topics: list[str], partitions: np.ndarr
                    timestamps_ms: np.ndarray, timestamp_types: np.ndarray,
                    headers: list | None) -> list[pa.Array]:
     columns = [
-        pa.array(keys, type=pa.binary()),
-        pa.array(values, type=pa.binary()),
+        _column(keys, pa.binary()),
+        _column(values, pa.binary()),
         pa.DictionaryArray.from_arrays(pa.array(topic_index),
                                        pa.array(topics)).cast(pa.string()),
         pa.array(partitions),
@@ -110,7 +122,7 @@ def _kafka_columns(layout: OutputLayout, topics: list[str], partitions: np.ndarr
         pa.array(timestamp_types, type=pa.int32()),
     ]
     if layout.include_headers:
-        columns.append(pa.array(headers, type=HEADERS))
+        columns.append(_column(headers, HEADERS))
     return columns
 
 

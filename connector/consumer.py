@@ -28,6 +28,17 @@ def open_consumer(options: SourceOptions, remaining: int, partitions: int = 1) -
     """A consumer for one task: ``remaining`` is the most records it reads from any one
     partition (librdkafka's prefetch, ``queued.min.messages``, is per partition), and
     ``partitions`` how many partitions it reads."""
+    conf = task_conf(options, remaining, partitions)
+    try:
+        return Consumer(conf)
+    except KafkaException as exc:
+        raise KWatermarkError(f"cannot create a Kafka consumer from the kafka.* options: "
+                              f"{exc.args[0] if exc.args else exc}") from exc
+
+
+def task_conf(options: SourceOptions, remaining: int, partitions: int = 1) -> dict:
+    """The librdkafka configuration of a task's consumer, whichever engine reads
+    (kwatermark.compiled passes it to librdkafka itself)."""
     conf = options.consumer_conf()
     conf.update({
         "group.id": options.group_id or f"{options.group_id_prefix}-{uuid.uuid4().hex[:12]}",
@@ -46,11 +57,7 @@ def open_consumer(options: SourceOptions, remaining: int, partitions: int = 1) -
     conf.setdefault("isolation.level", "read_uncommitted")
     if partitions > 1 and "fetch.max.bytes" not in conf:
         conf["fetch.max.bytes"] = pack_fetch_bytes(conf)
-    try:
-        return Consumer(conf)
-    except KafkaException as exc:
-        raise KWatermarkError(f"cannot create a Kafka consumer from the kafka.* options: "
-                              f"{exc.args[0] if exc.args else exc}") from exc
+    return conf
 
 
 def pack_fetch_bytes(conf: dict) -> int:

@@ -40,8 +40,15 @@ KWATERMARK_OPTIONS = (
     "idle.policy", "idle.timeout", "idle.maxDelay",
     "lateRecords", "allowedLateness",
     "key.format", "value.format", "key.onError", "value.onError",
-    "arrow.maxRecordsPerBatch", "minRecordsPerPartition",
+    "arrow.maxRecordsPerBatch", "minRecordsPerPartition", "readEngine",
 )
+# readEngine (DESIGN §19, docs/operations.md "Read engines"): "compiled" reads librdkafka's
+# messages straight into Arrow buffers (kwatermark.compiled), "python" through
+# confluent-kafka's message objects; unset, the compiled one where it is built. The
+# environment variable sets the default where the option is not given (the tests run the
+# read tests once per engine with it).
+READ_ENGINES = ("compiled", "python")
+READ_ENGINE_ENV = "KWATERMARK_READ_ENGINE"
 # Spark pays ~30 ms per Python task: below this many records a range shares its task with
 # others (bench/README.md, "many partitions").
 DEFAULT_MIN_RECORDS_PER_PARTITION = 20_000
@@ -156,6 +163,11 @@ def _parse_choice(option: str, text: str, choices: tuple[str, ...], plugin: bool
         return text.strip()
     accepted = ", ".join(choices) + (", or 'package.module:ClassName'" if plugin else "")
     raise OptionError(f"option {option}: unknown value {text!r}; accepted: {accepted}")
+
+
+def _read_engine(opts: Mapping[str, str]) -> str | None:
+    text = opts.get("readEngine", os.environ.get(READ_ENGINE_ENV) or None)
+    return None if text is None else _parse_choice("readEngine", text, READ_ENGINES)
 
 
 def _parse_percentile(option: str, text: str) -> str:
@@ -323,6 +335,7 @@ class SourceOptions:
     key_on_error: str = "fail"
     value_on_error: str = "fail"
     max_records_per_batch: int = 10_000
+    read_engine: str | None = None    # readEngine; None: compiled where built
 
     def consumer_conf(self) -> dict[str, str]:
         """librdkafka configuration for every consumer and admin client the source creates.
@@ -669,4 +682,5 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> S
                                      ON_ERROR_MODES),
         max_records_per_batch=_parse_int("arrow.maxRecordsPerBatch",
                                          opts.get("arrow.maxRecordsPerBatch", "10000"), 1),
+        read_engine=_read_engine(opts),
     )

@@ -13,6 +13,7 @@ from confluent_kafka import Consumer, KafkaError
 from confluent_kafka import TopicPartition as KafkaTP
 
 from kwatermark import arrow
+from kwatermark.compiled import CompiledReader, use_compiled
 from kwatermark.consumer import open_consumer, partition_bounds
 from kwatermark.errors import BrokerError
 from kwatermark.faults import FAULT_ENV, fault_point, trip_fault
@@ -77,6 +78,14 @@ class PackReader:
         self._ready_rows = 0
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
+        if use_compiled(self.options):
+            for parts in CompiledReader(self.options, self.layout, self.readers).read():
+                batch = assemble(self.layout, self.readers[0].schema,
+                                 self.options.late_records, parts)
+                if batch.num_rows:
+                    yield batch
+            self.progress = [(r.task, r._progress()) for r in self.readers]
+            return
         if len(self.readers) == 1:
             reader = self.readers[0]
             yield from reader
@@ -248,10 +257,15 @@ class PackReader:
         for lane in lanes.values():
             for pending in lane:
                 if pending.fault is not None and pending.position > pending.fault:
-                    directory = os.environ[FAULT_ENV]
-                    for other in self.readers:
-                        task = other.task
-                        with open(os.path.join(directory, f"{task.topic}-{task.partition}-"
-                                                          f"{task.start}"), "w"):
-                            pass
-                    trip_fault(pending.reader.task)
+                    trip_pack_fault(self.readers, pending.reader.task)
+
+
+def trip_pack_fault(readers: list[RangeReader], task: RangeTask) -> None:
+    """Tests only: fail the task's first attempt, marking every range of it as failed once
+    (kwatermark.faults), so that the retry reads them all through."""
+    directory = os.environ[FAULT_ENV]
+    for other in readers:
+        t = other.task
+        with open(os.path.join(directory, f"{t.topic}-{t.partition}-{t.start}"), "w"):
+            pass
+    trip_fault(task)

@@ -225,6 +225,7 @@ class RangeReader:
         decoder = getattr(self.decoders, role)
         if decoder is None:
             return None, None
+        block.python_lists()
         decoded = decoder.decode(block.keys if role == "key" else block.values)
         errors = decoded.errors if any(decoded.errors) else None
         if errors is not None and getattr(self.decoders, f"{role}_on_error") == "fail":

@@ -32,8 +32,18 @@ class RecordBlock:
     def __len__(self) -> int:
         return len(self.offsets)
 
+    def python_lists(self) -> None:
+        """Keys, values and headers as Python lists (the compiled engine fills them as Arrow
+        arrays): for the per-record hooks and the decoders, which take lists."""
+        if isinstance(self.keys, pa.Array):
+            self.keys = self.keys.to_pylist()
+            self.values = self.values.to_pylist()
+            if self.headers is not None:
+                self.headers = self.headers.to_pylist()
+
     def record(self, i: int) -> dict:
         """The dict a user assigner, predicate or generator receives for record ``i``."""
+        self.python_lists()
         rec = {
             "key": self.keys[i], "value": self.values[i], "topic": self.topic,
             "partition": self.partition, "offset": int(self.offsets[i]),

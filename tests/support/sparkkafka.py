@@ -84,8 +84,14 @@ def _source_stamp() -> str:
     digest = hashlib.sha256((REPO_ROOT / "pyproject.toml").read_bytes())
     for folder in ("connector", "serde", "discovery"):
         for path in sorted((REPO_ROOT / folder).rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
+            if path.is_file() and "__pycache__" not in path.parts and \
+                    not path.name.startswith("_fastread"):   # built by the install itself
                 digest.update(str(path.relative_to(REPO_ROOT)).encode())
+    # The compiled read engine is built by the install: its sources' contents count.
+    for path in sorted([REPO_ROOT / "setup.py", *(REPO_ROOT / "csrc").glob("*"),
+                        REPO_ROOT / "_build" / "fastread_ffi.py"]):
+        if path.is_file():
+            digest.update(path.read_bytes())
     return digest.hexdigest()
 
 

@@ -1,0 +1,105 @@
+"""The measuring half of ``bench/bench_readpath.py``, under the baseline interpreter (PySpark
+4.2.0 with Spark's own Kafka source, ``tests/support/sparkkafka.py``): every source warmed to
+steady state, then interleaved rounds, in one SparkSession.
+
+Request: bootstrap, workspace, topics (``[{"topic", "partitions", "records"}]``), rounds,
+min_warm, max_warm, broker_pid (None: an external broker, its CPU not measured). Reply: the
+warm-up reads and every round's figures, the load average before and after.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+from child_run import fresh, log
+
+from tests.support.sparkkafka import baseline_session, child_io
+
+SOURCES = {   # name -> (format, extra options)
+    "kafka": ("kafka", {}),
+    "compiled": ("kwatermark", {"readEngine": "compiled"}),
+    "python": ("kwatermark", {"readEngine": "python"}),
+}
+COLUMNS = ["key", "value", "partition", "offset", "timestamp"]
+STEADY = 0.10   # two successive warm-up reads within 10 % of each other
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds of this process and every descendant (the driver JVM, Python workers),
+    with the children they have reaped."""
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def broker_cpu_s(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def one_read(spark, request: dict, topic: dict, source: str) -> dict:
+    fmt, extra = SOURCES[source]
+    options = {"kafka.bootstrap.servers": request["bootstrap"], "subscribe": topic["topic"],
+               "startingOffsets": "earliest", **extra}
+    if fmt == "kwatermark":
+        options["watermark.stateLocation"] = fresh(request["workspace"], "ledger")
+    cpu0, broker0 = tree_cpu_s(), broker_cpu_s(request["broker_pid"])
+    started = time.perf_counter()
+    spark.read.format(fmt).options(**options).load().select(*COLUMNS).write \
+        .format("noop").mode("overwrite").save()
+    seconds = time.perf_counter() - started
+    cpu1, broker1 = tree_cpu_s(), broker_cpu_s(request["broker_pid"])
+    n = topic["records"]
+    return {"source": source, "partitions": topic["partitions"], "seconds": seconds,
+            "records_per_s": n / seconds, "client_cpu_us": (cpu1 - cpu0) / n * 1e6,
+            "broker_cpu_us": None if broker0 is None else (broker1 - broker0) / n * 1e6,
+            "load_avg": os.getloadavg()[0]}
+
+
+def main() -> None:
+    request, reply = child_io()
+    load_before = os.getloadavg()
+    spark = baseline_session("kwatermark-bench-readpath")
+    warmups, runs = [], []
+    for topic in request["topics"]:
+        for source in SOURCES:
+            times: list[float] = []
+            while True:
+                got = one_read(spark, request, topic, source)
+                warmups.append(got)
+                times.append(got["seconds"])
+                log(f"warm-up {source} {topic['partitions']}p: {got['seconds']:.2f} s")
+                steady = len(times) >= 2 and abs(times[-1] - times[-2]) / times[-2] < STEADY
+                if len(times) >= request["min_warm"] and steady:
+                    break
+                if len(times) >= request["max_warm"]:
+                    log(f"{source}: not steady after {len(times)} reads; measuring anyway")
+                    break
+    names = list(SOURCES)
+    for round_no in range(request["rounds"]):
+        for topic in request["topics"]:
+            turn = round_no % len(names)   # each round starts with another source
+            for source in names[turn:] + names[:turn]:
+                got = one_read(spark, request, topic, source)
+                got["round"] = round_no + 1
+                runs.append(got)
+                log(f"round {round_no + 1} {source} {topic['partitions']}p: "
+                    f"{got['seconds']:.2f} s, client {got['client_cpu_us']:.2f} us/record")
+                reply({"partial": True, "warmups": warmups, "runs": runs})
+    reply({"warmups": warmups, "runs": runs, "spark_version": spark.version,
+           "load_avg_before": load_before, "load_avg_after": os.getloadavg()})
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,358 @@
+"""The compiled read engine (DESIGN §19): one planned range, or a pack of them, read by a small
+C extension (``kwatermark._fastread``, built by cffi at install) that copies librdkafka's
+messages straight into Arrow buffers, 10,000 records a call; no Python object per record.
+
+The contract is ``kwatermark.reader``'s and ``kwatermark.pack``'s, whose ``RangeReader``s
+keep every range's state, decoding, event times, watermarks and progress record: only the
+consume loop is here. A range is done when its position reaches its end (``range_end``:
+records past it, an end-of-partition event, or the consumer's position after a short call),
+``kafkaConsumer.pollTimeoutMs`` bounds the time without progress, the librdkafka
+configuration is ``consumer.task_conf``'s and errors read as the Python engine's.
+
+librdkafka is the one the confluent-kafka wheel ships, found next to the package (its file
+name carries a hash that changes every release) and opened with ``dlopen``; the extension
+uses its legacy ``rd_kafka_consume_start_queue``/``rd_kafka_consume_batch_queue`` API, which
+needs no ``group.id``.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+from confluent_kafka import KafkaError, KafkaException
+
+from kwatermark import arrow
+from kwatermark.consumer import partition_bounds, task_conf
+from kwatermark.errors import BrokerError, KWatermarkError, OptionError
+from kwatermark.faults import fault_point
+from kwatermark.options import SourceOptions
+from kwatermark.range_end import Stall, advance, done
+from kwatermark.rdkafka_log import librdkafka_logger
+from kwatermark.reader import RangeReader
+from kwatermark.records import RecordBlock
+from kwatermark.security import refusal_hint
+
+log = logging.getLogger("kwatermark.compiled")
+
+# A block is handed over at arrow.maxRecordsPerBatch records or this many bytes of keys,
+# values and header values, whichever comes first: Arrow's binary columns have 32-bit offsets.
+MAX_BLOCK_BYTES = 256 << 20
+ERROR_TEXT = 512
+
+try:
+    from kwatermark._fastread import ffi, lib
+except ImportError as exc:   # not built: no C compiler at install (docs/operations.md)
+    ffi = lib = None
+    _MISSING = f"kwatermark._fastread is not built ({exc})"
+else:
+    _MISSING = None
+
+_state: dict[str, object] = {}
+
+def librdkafka_path() -> str | None:
+    """The librdkafka the installed confluent-kafka loads: beside its package (Linux wheels:
+    ``confluent_kafka.libs/librdkafka-<hash>.so.1``; macOS: ``confluent_kafka/.dylibs``)."""
+    import confluent_kafka
+    package = os.path.dirname(confluent_kafka.__file__)
+    for pattern in (os.path.join(package + ".libs", "librdkafka*.so*"),
+                    os.path.join(package, ".dylibs", "librdkafka*.dylib"),
+                    os.path.join(package, "librdkafka*")):
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+def unavailable() -> str | None:
+    """Why the compiled engine cannot run here (None: it can), loading librdkafka once."""
+    if "reason" in _state:
+        return _state["reason"]
+    reason = _MISSING
+    if reason is None:
+        path = librdkafka_path()
+        if path is None:
+            reason = "no librdkafka found beside the confluent_kafka package"
+        else:
+            err = ffi.new("char[]", ERROR_TEXT)
+            if lib.kw_load(path.encode(), err, ERROR_TEXT) != 0:
+                reason = f"cannot load {path}: {ffi.string(err).decode(errors='replace')}"
+    _state["reason"] = reason
+    return reason
+
+def use_compiled(options: SourceOptions) -> bool:
+    """The engine that reads (DESIGN §19): ``readEngine``, else compiled where built. Says
+    which at INFO once per process; ``readEngine=compiled`` where it is not built fails."""
+    reason = unavailable()
+    if options.read_engine == "compiled" and reason is not None:
+        raise OptionError(f"option readEngine=compiled: the compiled read engine is not "
+                          f"available in this installation: {reason}. Reinstall kwatermark "
+                          f"where a C compiler exists, or set readEngine=python")
+    compiled = reason is None and options.read_engine != "python"
+    said = ("compiled" if compiled else "python", options.read_engine)
+    if _state.get("said") != said:
+        _state["said"] = said
+        if compiled:
+            log.info("kwatermark read engine: compiled (librdkafka %s into Arrow buffers)",
+                     ffi.string(lib.kw_version()).decode())
+        elif options.read_engine == "python":
+            log.info("kwatermark read engine: python (readEngine=python)")
+        else:
+            log.info("kwatermark read engine: python (%s)", reason)
+    return compiled
+
+if ffi is not None:
+    _LEVELS = {0: logging.CRITICAL, 1: logging.CRITICAL, 2: logging.CRITICAL,
+               3: logging.ERROR, 4: logging.WARNING, 5: logging.INFO, 6: logging.INFO,
+               7: logging.DEBUG}
+
+    def _log_error(exception, exc_value, traceback) -> None:
+        pass   # a log line that cannot be logged must not take librdkafka's thread down
+
+    @ffi.def_extern(onerror=_log_error)
+    def kw_log_py(level, fac, name, buf) -> None:
+        # as confluent-kafka's `logger` setting formats them (kwatermark.rdkafka_log)
+        librdkafka_logger().log(_LEVELS.get(level, logging.INFO), "%s [%s] %s",
+                                ffi.string(fac).decode(errors="replace"),
+                                ffi.string(name).decode(errors="replace"),
+                                ffi.string(buf).decode(errors="replace"))
+
+class _Client:
+    """One librdkafka consumer handle of the extension; ``offsets_for_times`` answers as
+    confluent-kafka's ``Consumer`` does, so ``consumer.partition_bounds`` serves both."""
+
+    def __init__(self, conf: dict, headers: bool, max_records: int):
+        names, values = [], []
+        for key, value in conf.items():
+            if isinstance(value, bool):
+                value = "true" if value else "false"
+            names.append(ffi.new("char[]", str(key).encode()))
+            values.append(ffi.new("char[]", str(value).encode()))
+        err = ffi.new("char[]", ERROR_TEXT)
+        self.handle = lib.kw_open(ffi.new("char *[]", names), ffi.new("char *[]", values),
+                                  len(names), int(headers), max_records, MAX_BLOCK_BYTES, err,
+                                  ERROR_TEXT)
+        if self.handle == ffi.NULL:
+            raise KWatermarkError(f"cannot create a Kafka consumer from the kafka.* options: "
+                                  f"{ffi.string(err).decode(errors='replace')}")
+
+    def offsets_for_times(self, tps: list, timeout: float) -> list:
+        n = len(tps)
+        topics = [ffi.new("char[]", tp.topic.encode()) for tp in tps]
+        offsets = ffi.new("int64_t[]", [tp.offset for tp in tps])
+        errors = ffi.new("int32_t[]", n)
+        code = lib.kw_offsets(self.handle, ffi.new("char *[]", topics),
+                              ffi.new("int32_t[]", [tp.partition for tp in tps]), offsets,
+                              errors, n, int(timeout * 1000))
+        if code:
+            raise KafkaException(KafkaError(code))
+        return [SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=offsets[i],
+                                error=KafkaError(errors[i]) if errors[i] else None)
+                for i, tp in enumerate(tps)]
+
+    def close(self) -> None:
+        lib.kw_close(self.handle)
+        self.handle = ffi.NULL
+
+class CompiledReader:
+    """Read the ranges of ``readers`` (a task's, DESIGN §12: one or many) with one compiled
+    consumer; each range's ``RangeReader`` computes its blocks and keeps its progress.
+
+    >>> for batch in CompiledReader(options, layout, readers).read(): ...  # doctest: +SKIP
+    """
+
+    def __init__(self, options: SourceOptions, layout: arrow.OutputLayout,
+                 readers: list[RangeReader]):
+        self.options = options
+        self.layout = layout
+        self.readers = readers
+
+    def read(self) -> Iterator[list]:
+        """Yields lists of ``(block, computed)`` parts, each ready to assemble."""
+        reading = [r for r in self.readers if r.task.end > r.task.start]
+        planned: dict[tuple[str, int], int] = {}
+        for r in reading:
+            planned[r.task.tp] = planned.get(r.task.tp, 0) + r.task.end - r.task.start
+        if not planned:
+            return
+        conf = task_conf(self.options, max(planned.values()), len(planned))
+        conf.pop("logger", None)   # the extension logs to the same logger itself
+        if not self.options.group_id:
+            conf.pop("group.id", None)   # the legacy API needs none; no commits, no group
+        client = _Client(conf, self.layout.include_headers, self.options.max_records_per_batch)
+        try:
+            yield from self._read(client, reading)
+        finally:
+            client.close()
+
+    def _read(self, client: _Client, reading: list[RangeReader]) -> Iterator[list]:
+        bounds = partition_bounds(client, self.options, [r.task for r in reading])
+        by_tp: dict[tuple[str, int], list[tuple[RangeReader, int, int]]] = {}
+        for reader in reading:
+            start, end = reader._check_range(*bounds[reader.task.tp])
+            if end > start:
+                by_tp.setdefault(reader.task.tp, []).append((reader, start, end))
+        if not by_tp:
+            return
+        handle = client.handle
+        lanes: list[_Lane] = []
+        for (topic, partition), ranges in by_tp.items():
+            for reader, start, end in ranges:
+                index = lib.kw_add_lane(handle, topic.encode(), partition, start, end)
+                if index < 0:
+                    raise KWatermarkError(f"topic {topic}: the compiled reader cannot open it")
+                lanes.append(_Lane(index, reader, lib.kw_lane_at(handle, index)))
+        err = ffi.new("char[]", ERROR_TEXT)
+        if lib.kw_start(handle, err, ERROR_TEXT) != 0:
+            first = lanes[0]
+            raise BrokerError(f"topic {first.reader.task.topic}, partition "
+                              f"{first.reader.task.partition}, offset {first.c.position}: "
+                              f"{ffi.string(err).decode(errors='replace')}")
+        size = self.options.max_records_per_batch
+        stall = Stall(self.options.poll_timeout_ms / 1000.0, time.monotonic())
+        ready: list = []
+        ready_rows = 0
+        was_short = False
+        open_lanes = lanes
+        while open_lanes:
+            remaining = sum(lane.c.end - lane.c.position for lane in open_lanes)
+            asked = max(1, min(size, remaining))
+            wait_ms = int(stall.wait_s(time.monotonic()) * 1000)
+            status = lib.kw_poll(handle, asked, wait_ms)
+            got = lib.kw_got(handle)
+            if got >= 0:
+                was_short = got < asked
+            if status == lib.KW_EVENT:
+                self._on_event(handle, lanes)
+            elif status == lib.KW_FAILED:
+                raise self._failed(handle, open_lanes[0])
+            elif status == lib.KW_DRAINED and was_short:
+                self._skip_gaps(handle, open_lanes)
+            for lane in open_lanes:
+                if lane.c.n and (lane.c.n >= size or status == lib.KW_FULL
+                                 and lib.kw_event_lane(handle) == lane.index
+                                 or done(lane.c.position, lane.c.end)):
+                    block = lane.take(handle, self.layout.include_headers)
+                    ready.append((block, lane.reader._compute(block)))
+                    ready_rows += len(block)
+            still = [lane for lane in open_lanes if not done(lane.c.position, lane.c.end)]
+            for tp in {(lane.reader.task.tp) for lane in open_lanes} - {
+                    lane.reader.task.tp for lane in still}:
+                lib.kw_stop_lane(handle, next(lane.index for lane in lanes
+                                              if lane.reader.task.tp == tp))
+            now = time.monotonic()
+            if sum(lane.c.end - lane.c.position for lane in open_lanes) < remaining:
+                stall.progressed(now)
+            elif stall.expired(now):
+                raise still[0].reader._stalled(still[0].c.position, still[0].c.end)
+            open_lanes = still
+            if ready and (ready_rows >= size or not open_lanes):
+                yield ready
+                ready, ready_rows = [], 0
+            self._trip_faults(open_lanes)
+
+    def _on_event(self, handle, lanes: list[_Lane]) -> None:
+        """An error message for a partition: as ``RangeReader._on_error`` and
+        ``PackReader._on_error``, for every range of the partition still open."""
+        code = lib.kw_event_err(handle)
+        offset = lib.kw_event_offset(handle)
+        text = ffi.string(lib.kw_event_text(handle)).decode(errors="replace")
+        first = next(lane for lane in lanes if lane.index == lib.kw_event_lane(handle))
+        task = first.reader.task
+        if code not in (KafkaError._PARTITION_EOF, KafkaError._AUTO_OFFSET_RESET,
+                        KafkaError.OFFSET_OUT_OF_RANGE):
+            raise BrokerError(f"topic {task.topic}, partition {task.partition}, offset "
+                              f"{first.c.position}: {text}"
+                              f"{refusal_hint(KafkaError(code, text), self.options)}")
+        for lane in lanes:
+            if lane.reader.task.tp != task.tp or lane.index < first.index or \
+                    done(lane.c.position, lane.c.end):
+                continue
+            if code == KafkaError._PARTITION_EOF:
+                # Every record before the log's end has been delivered: past `end`, the
+                # range's last offsets were gaps (compaction, transaction markers).
+                if offset < lane.c.end:
+                    lane.reader._data_loss(f"the partition ended at offset {offset} while "
+                                           f"offsets up to {lane.c.end} were planned")
+            else:
+                lane.reader._data_loss(f"offset {lane.c.position} is out of range: {text}")
+            lane.c.position = lane.c.end
+
+    def _skip_gaps(self, handle, open_lanes: list[_Lane]) -> None:
+        """After a short call: every open range to its partition's position, past markers
+        and filtered records (``range_end.advance``)."""
+        reported = ffi.new("int64_t *")
+        asked: dict[tuple[str, int], int] = {}
+        for lane in open_lanes:
+            tp = lane.reader.task.tp
+            if tp not in asked:
+                lib.kw_position(handle, lane.index, reported)
+                asked[tp] = reported[0]
+            lane.c.position = advance(lane.c.position, asked[tp], lane.c.end)
+
+    def _failed(self, handle, lane: _Lane) -> BrokerError:
+        task = lane.reader.task
+        return BrokerError(f"topic {task.topic}, partition {task.partition}, offset "
+                           f"{lane.c.position}: "
+                           f"{ffi.string(lib.kw_event_text(handle)).decode(errors='replace')}")
+
+    def _trip_faults(self, open_lanes: list[_Lane]) -> None:
+        """Tests only (kwatermark.faults): a task's first attempt fails once, mid-range."""
+        from kwatermark.pack import trip_pack_fault
+        for lane in open_lanes:
+            if lane.fault is not None and lane.c.position > lane.fault:
+                trip_pack_fault(self.readers, lane.reader.task)
+
+class _Lane:
+    """One range being read: its reader and the extension's lane (``kw_lane``)."""
+
+    def __init__(self, index: int, reader: RangeReader, c):
+        self.index = index
+        self.reader = reader
+        self.c = c
+        self.fault = fault_point(reader.task)
+
+    def take(self, handle, headers: bool) -> RecordBlock:
+        """The lane's records so far as a block, its buffers now owned by Arrow/numpy."""
+        out = ffi.new("kw_lane *")
+        lib.kw_take(handle, self.index, out)
+        n = out.n
+        task = self.reader.task
+        return RecordBlock(
+            task.topic, task.partition, _binary(out.key, n, pa.binary()),
+            _binary(out.value, n, pa.binary()),
+            np.frombuffer(_owned(out.offsets, n * 8), dtype=np.int64),
+            np.frombuffer(_owned(out.timestamps, n * 8), dtype=np.int64),
+            np.frombuffer(_owned(out.types, n * 4), dtype=np.int32),
+            _headers(out, n) if headers else None)
+
+def _owned(pointer, nbytes: int):
+    """A buffer over memory the extension malloc'ed, freed when the buffer is dropped."""
+    if pointer == ffi.NULL:
+        return b""
+    return ffi.buffer(ffi.gc(pointer, lib.kw_free), nbytes)
+
+def _binary(col, n: int, kind: pa.DataType) -> pa.Array:
+    if n == 0 or col.offsets == ffi.NULL:
+        return pa.array([], type=kind)
+    offsets = pa.py_buffer(_owned(col.offsets, (n + 1) * 4))
+    data = pa.py_buffer(_owned(col.data, col.len))
+    valid = _owned(col.valid, (n + 7) // 8)
+    return pa.Array.from_buffers(kind, n, [pa.py_buffer(valid) if col.nulls else None,
+                                           offsets, data], null_count=col.nulls)
+
+def _headers(out, n: int) -> pa.Array:
+    m = out.hkey.n
+    struct = pa.Array.from_buffers(
+        arrow.HEADERS.value_type, m, [None],
+        children=[_binary(out.hkey, m, pa.string()), _binary(out.hvalue, m, pa.binary())])
+    offsets = pa.py_buffer(_owned(out.hlist.offsets, (n + 1) * 4))
+    valid = _owned(out.hlist.valid, (n + 7) // 8)
+    return pa.Array.from_buffers(arrow.HEADERS, n, [pa.py_buffer(valid) if out.hlist.nulls
+                                                    else None, offsets],
+                                 null_count=out.hlist.nulls, children=[struct])

@@ -1,0 +1,536 @@
+/* See fastread.h. Built by cffi (_build/fastread_ffi.py) as kwatermark._fastread. */
+#include "fastread.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+/* ---- librdkafka's public ABI (rdkafka.h), only what is used ---- */
+typedef struct rd_kafka_s rd_kafka_t;
+typedef struct rd_kafka_topic_s rd_kafka_topic_t;
+typedef struct rd_kafka_conf_s rd_kafka_conf_t;
+typedef struct rd_kafka_queue_s rd_kafka_queue_t;
+typedef struct rd_kafka_headers_s rd_kafka_headers_t;
+
+typedef struct rd_kafka_message_s {
+    int err;
+    rd_kafka_topic_t *rkt;
+    int32_t partition;
+    void *payload;
+    size_t len;
+    void *key;
+    size_t key_len;
+    int64_t offset;
+    void *_private;
+} rd_kafka_message_t;
+
+typedef struct rd_kafka_topic_partition_s {
+    char *topic;
+    int32_t partition;
+    int64_t offset;
+    void *metadata;
+    size_t metadata_size;
+    void *opaque;
+    int err;
+    void *_private;
+} rd_kafka_topic_partition_t;
+
+typedef struct rd_kafka_topic_partition_list_s {
+    int cnt;
+    int size;
+    rd_kafka_topic_partition_t *elems;
+} rd_kafka_topic_partition_list_t;
+
+#define RD_KAFKA_CONSUMER 1
+#define RD_KAFKA_CONF_OK 0
+#define RD_KAFKA_RESP_ERR_NO_ERROR 0
+
+static struct {
+    int loaded;
+    const char *(*version_str)(void);
+    rd_kafka_conf_t *(*conf_new)(void);
+    int (*conf_set)(rd_kafka_conf_t *, const char *, const char *, char *, size_t);
+    void (*conf_set_log_cb)(rd_kafka_conf_t *,
+                            void (*)(const rd_kafka_t *, int, const char *, const char *));
+    void (*conf_destroy)(rd_kafka_conf_t *);
+    rd_kafka_t *(*new_)(int, rd_kafka_conf_t *, char *, size_t);
+    void (*destroy)(rd_kafka_t *);
+    const char *(*name)(const rd_kafka_t *);
+    rd_kafka_topic_t *(*topic_new)(rd_kafka_t *, const char *, void *);
+    void (*topic_destroy)(rd_kafka_topic_t *);
+    rd_kafka_queue_t *(*queue_new)(rd_kafka_t *);
+    void (*queue_destroy)(rd_kafka_queue_t *);
+    int (*consume_start_queue)(rd_kafka_topic_t *, int32_t, int64_t, rd_kafka_queue_t *);
+    int (*consume_stop)(rd_kafka_topic_t *, int32_t);
+    ssize_t (*consume_batch_queue)(rd_kafka_queue_t *, int, rd_kafka_message_t **, size_t);
+    void (*message_destroy)(rd_kafka_message_t *);
+    int64_t (*message_timestamp)(const rd_kafka_message_t *, int *);
+    int (*message_headers)(const rd_kafka_message_t *, rd_kafka_headers_t **);
+    size_t (*header_cnt)(const rd_kafka_headers_t *);
+    int (*header_get_all)(const rd_kafka_headers_t *, size_t, const char **, const void **,
+                          size_t *);
+    const char *(*err2str)(int);
+    const char *(*err2name)(int);
+    int (*last_error)(void);
+    rd_kafka_topic_partition_list_t *(*tpl_new)(int);
+    rd_kafka_topic_partition_t *(*tpl_add)(rd_kafka_topic_partition_list_t *, const char *,
+                                           int32_t);
+    void (*tpl_destroy)(rd_kafka_topic_partition_list_t *);
+    int (*position)(rd_kafka_t *, rd_kafka_topic_partition_list_t *);
+    int (*offsets_for_times)(rd_kafka_t *, rd_kafka_topic_partition_list_t *, int);
+} rk;
+
+/* cffi's extern "Python+C": librdkafka's log lines, to Python logging. */
+extern void kw_log_py(int level, const char *fac, const char *name, const char *buf);
+
+static void log_cb(const rd_kafka_t *k, int level, const char *fac, const char *buf) {
+    kw_log_py(level, fac, rk.name(k), buf);
+}
+
+#define LOOKUP(field, symbol)                                                     \
+    do {                                                                          \
+        *(void **)(&rk.field) = dlsym(handle, symbol);                            \
+        if (!rk.field) {                                                          \
+            snprintf(err, errlen, "%s has no %s", path, symbol);                  \
+            return -1;                                                            \
+        }                                                                         \
+    } while (0)
+
+int kw_load(const char *path, char *err, size_t errlen) {
+    if (rk.loaded)
+        return 0;
+    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+        snprintf(err, errlen, "%s", dlerror());
+        return -1;
+    }
+    LOOKUP(version_str, "rd_kafka_version_str");
+    LOOKUP(conf_new, "rd_kafka_conf_new");
+    LOOKUP(conf_set, "rd_kafka_conf_set");
+    LOOKUP(conf_set_log_cb, "rd_kafka_conf_set_log_cb");
+    LOOKUP(conf_destroy, "rd_kafka_conf_destroy");
+    LOOKUP(new_, "rd_kafka_new");
+    LOOKUP(destroy, "rd_kafka_destroy");
+    LOOKUP(name, "rd_kafka_name");
+    LOOKUP(topic_new, "rd_kafka_topic_new");
+    LOOKUP(topic_destroy, "rd_kafka_topic_destroy");
+    LOOKUP(queue_new, "rd_kafka_queue_new");
+    LOOKUP(queue_destroy, "rd_kafka_queue_destroy");
+    LOOKUP(consume_start_queue, "rd_kafka_consume_start_queue");
+    LOOKUP(consume_stop, "rd_kafka_consume_stop");
+    LOOKUP(consume_batch_queue, "rd_kafka_consume_batch_queue");
+    LOOKUP(message_destroy, "rd_kafka_message_destroy");
+    LOOKUP(message_timestamp, "rd_kafka_message_timestamp");
+    LOOKUP(message_headers, "rd_kafka_message_headers");
+    LOOKUP(header_cnt, "rd_kafka_header_cnt");
+    LOOKUP(header_get_all, "rd_kafka_header_get_all");
+    LOOKUP(err2str, "rd_kafka_err2str");
+    LOOKUP(err2name, "rd_kafka_err2name");
+    LOOKUP(last_error, "rd_kafka_last_error");
+    LOOKUP(tpl_new, "rd_kafka_topic_partition_list_new");
+    LOOKUP(tpl_add, "rd_kafka_topic_partition_list_add");
+    LOOKUP(tpl_destroy, "rd_kafka_topic_partition_list_destroy");
+    LOOKUP(position, "rd_kafka_position");
+    LOOKUP(offsets_for_times, "rd_kafka_offsets_for_times");
+    rk.loaded = 1;
+    return 0;
+}
+
+const char *kw_version(void) { return rk.version_str(); }
+const char *kw_err_name(int e) { return rk.err2name(e); }
+const char *kw_err_text(int e) { return rk.err2str(e); }
+void kw_free(void *p) { free(p); }
+
+/* ---- the reader ---- */
+
+struct kw_reader {
+    rd_kafka_t *rk;
+    rd_kafka_queue_t *queue;
+    int headers;
+    int64_t max_records;
+    int64_t max_bytes;
+    int ntopics;
+    int topic_cap;
+    char **topic_names;
+    rd_kafka_topic_t **topics;
+    int nlanes;
+    int lane_cap;
+    kw_lane *lanes;
+    int started;
+    rd_kafka_message_t **msgs;
+    int msg_cap;
+    int msg_n;
+    int msg_i;
+    int hint;
+    int got;
+    int event_lane;
+    int event_err;
+    int64_t event_offset;
+    char event_text[512];
+};
+
+kw_reader *kw_open(const char **names, const char **values, int nconf, int headers,
+                   int64_t max_records, int64_t max_bytes, char *err, size_t errlen) {
+    rd_kafka_conf_t *conf = rk.conf_new();
+    for (int i = 0; i < nconf; i++) {
+        if (rk.conf_set(conf, names[i], values[i], err, errlen) != RD_KAFKA_CONF_OK) {
+            rk.conf_destroy(conf);
+            return NULL;
+        }
+    }
+    rk.conf_set_log_cb(conf, log_cb);
+    rd_kafka_t *k = rk.new_(RD_KAFKA_CONSUMER, conf, err, errlen);
+    if (!k) {
+        rk.conf_destroy(conf);
+        return NULL;
+    }
+    kw_reader *r = calloc(1, sizeof(*r));
+    r->rk = k;
+    r->queue = rk.queue_new(k);
+    r->headers = headers;
+    r->max_records = max_records;
+    r->max_bytes = max_bytes;
+    r->event_lane = -1;
+    return r;
+}
+
+int kw_offsets(kw_reader *r, const char **topics, const int32_t *partitions,
+               int64_t *offsets, int32_t *errors, int n, int timeout_ms) {
+    rd_kafka_topic_partition_list_t *list = rk.tpl_new(n);
+    for (int i = 0; i < n; i++)
+        rk.tpl_add(list, topics[i], partitions[i])->offset = offsets[i];
+    int e = rk.offsets_for_times(r->rk, list, timeout_ms);
+    if (e == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        for (int i = 0; i < n; i++) {
+            /* answered in the order asked (librdkafka updates the list in place) */
+            offsets[i] = list->elems[i].offset;
+            errors[i] = list->elems[i].err;
+        }
+    }
+    rk.tpl_destroy(list);
+    return e;
+}
+
+int kw_add_lane(kw_reader *r, const char *topic, int32_t partition, int64_t position,
+                int64_t end) {
+    int t;
+    for (t = 0; t < r->ntopics; t++)
+        if (strcmp(r->topic_names[t], topic) == 0)
+            break;
+    if (t == r->ntopics) {
+        if (t == r->topic_cap) {
+            r->topic_cap = r->topic_cap ? 2 * r->topic_cap : 8;
+            r->topic_names = realloc(r->topic_names, r->topic_cap * sizeof(char *));
+            r->topics = realloc(r->topics, r->topic_cap * sizeof(rd_kafka_topic_t *));
+        }
+        r->topic_names[t] = strdup(topic);
+        r->topics[t] = rk.topic_new(r->rk, topic, NULL);
+        if (!r->topics[t]) {
+            free(r->topic_names[t]);
+            return -1;
+        }
+        r->ntopics++;
+    }
+    if (r->nlanes == r->lane_cap) {
+        r->lane_cap = r->lane_cap ? 2 * r->lane_cap : 8;
+        r->lanes = realloc(r->lanes, r->lane_cap * sizeof(kw_lane));
+    }
+    kw_lane *l = &r->lanes[r->nlanes];
+    memset(l, 0, sizeof(*l));
+    l->topic = t;
+    l->partition = partition;
+    l->position = position;
+    l->end = end;
+    return r->nlanes++;
+}
+
+kw_lane *kw_lane_at(kw_reader *r, int i) { return &r->lanes[i]; }
+
+/* The first lane of each partition starts the partition's consumption at its position. */
+int kw_start(kw_reader *r, char *err, size_t errlen) {
+    for (int i = 0; i < r->nlanes; i++) {
+        kw_lane *l = &r->lanes[i];
+        if (i > 0 && r->lanes[i - 1].topic == l->topic &&
+            r->lanes[i - 1].partition == l->partition)
+            continue;
+        if (rk.consume_start_queue(r->topics[l->topic], l->partition, l->position,
+                                   r->queue) == -1) {
+            int e = rk.last_error();
+            snprintf(err, errlen, "%s", rk.err2str(e));
+            return e ? e : -1;
+        }
+    }
+    r->started = 1;
+    return 0;
+}
+
+/* ---- column building ---- */
+static void *grow(void *p, int64_t *cap, int64_t need, size_t item) {
+    if (need <= *cap)
+        return p;
+    int64_t c = *cap ? *cap : 1024;
+    while (c < need)
+        c *= 2;
+    *cap = c;
+    return realloc(p, (size_t)c * item);
+}
+
+static void col_reserve(kw_col *c, int64_t n) {
+    if (n + 1 <= c->cap)
+        return;
+    int64_t cap = c->cap;
+    c->offsets = grow(c->offsets, &cap, n + 1, sizeof(int32_t));
+    int64_t vcap = c->cap ? (c->cap + 7) / 8 : 0;
+    int64_t need = (cap + 7) / 8;
+    c->valid = realloc(c->valid, need);
+    memset(c->valid + vcap, 0, need - vcap);
+    c->cap = cap;
+    if (c->n == 0)
+        c->offsets[0] = 0;
+}
+
+static void col_append(kw_col *c, const void *p, size_t len, int is_null) {
+    col_reserve(c, c->n + 1);
+    if (is_null) {
+        c->nulls++;
+    } else {
+        if (len) {
+            c->data = grow(c->data, &c->data_cap, c->len + (int64_t)len, 1);
+            memcpy(c->data + c->len, p, len);
+            c->len += len;
+        }
+        c->valid[c->n >> 3] |= (uint8_t)(1u << (c->n & 7));
+    }
+    c->n++;
+    c->offsets[c->n] = (int32_t)c->len;
+}
+
+static void lane_append(kw_reader *r, kw_lane *l, rd_kafka_message_t *m) {
+    if (l->n == l->cap) {
+        int64_t cap = l->cap;
+        l->offsets = grow(l->offsets, &cap, l->n + 1, sizeof(int64_t));
+        cap = l->cap;
+        l->timestamps = grow(l->timestamps, &cap, l->n + 1, sizeof(int64_t));
+        cap = l->cap;
+        l->types = grow(l->types, &cap, l->n + 1, sizeof(int32_t));
+        l->cap = cap;
+    }
+    int type = 0;
+    l->offsets[l->n] = m->offset;
+    l->timestamps[l->n] = rk.message_timestamp(m, &type);
+    l->types[l->n] = type - 1; /* librdkafka 0/1/2 -> Kafka's Java ids -1/0/1 */
+    col_append(&l->key, m->key, m->key_len, m->key == NULL);
+    col_append(&l->value, m->payload, m->len, m->payload == NULL);
+    if (r->headers) {
+        rd_kafka_headers_t *h = NULL;
+        if (rk.message_headers(m, &h) == RD_KAFKA_RESP_ERR_NO_ERROR && h) {
+            size_t cnt = rk.header_cnt(h);
+            for (size_t i = 0; i < cnt; i++) {
+                const char *name;
+                const void *value;
+                size_t size;
+                if (rk.header_get_all(h, i, &name, &value, &size) != 0)
+                    break;
+                col_append(&l->hkey, name, strlen(name), 0);
+                col_append(&l->hvalue, value, size, value == NULL);
+            }
+            /* the list's offsets index hkey; its own data stays empty */
+            col_reserve(&l->hlist, l->hlist.n + 1);
+            l->hlist.valid[l->hlist.n >> 3] |= (uint8_t)(1u << (l->hlist.n & 7));
+        } else {
+            col_reserve(&l->hlist, l->hlist.n + 1);
+            l->hlist.nulls++;
+        }
+        l->hlist.n++;
+        l->hlist.offsets[l->hlist.n] = (int32_t)l->hkey.n;
+    }
+    l->n++;
+    l->position = m->offset + 1;
+}
+
+static int same_partition(kw_lane *a, kw_lane *b) {
+    return a->topic == b->topic && a->partition == b->partition;
+}
+
+/* The lane a message of (topic, partition) goes to: the partition's first range not done. */
+static int lane_of(kw_reader *r, rd_kafka_topic_t *rkt, int32_t partition) {
+    /* messages come in runs of one partition: try the last lane found first */
+    int from = 0;
+    if (r->hint < r->nlanes && r->lanes[r->hint].partition == partition &&
+        r->topics[r->lanes[r->hint].topic] == rkt)
+        from = r->hint;
+    for (int i = from; i < r->nlanes; i++) {
+        kw_lane *l = &r->lanes[i];
+        if (l->partition != partition || r->topics[l->topic] != rkt)
+            continue;
+        while (l->position >= l->end) {
+            if (i + 1 < r->nlanes && same_partition(l, l + 1)) {
+                i++;
+                l++;
+            } else {
+                return -1;
+            }
+        }
+        r->hint = i;
+        return i;
+    }
+    return -1;
+}
+
+/* File one message; returns the lane that took it (-1: none). */
+static int file(kw_reader *r, rd_kafka_message_t *m) {
+    int i = lane_of(r, m->rkt, m->partition);
+    while (i >= 0) {
+        kw_lane *l = &r->lanes[i];
+        if (m->offset < l->position)
+            return -1; /* before the range (a gap left by data loss) */
+        if (m->offset < l->end) {
+            lane_append(r, l, m);
+            return i;
+        }
+        l->position = l->end;
+        if (i + 1 < r->nlanes && same_partition(l, l + 1))
+            i++;
+        else
+            return -1;
+    }
+    return -1;
+}
+
+int kw_poll(kw_reader *r, int want, int timeout_ms) {
+    r->event_lane = -1;
+    r->got = -1; /* no fetch in this call: messages of the last one were still pending */
+    if (r->msg_i >= r->msg_n) {
+        if (want > r->msg_cap) {
+            r->msgs = realloc(r->msgs, want * sizeof(*r->msgs));
+            r->msg_cap = want;
+        }
+        ssize_t got = rk.consume_batch_queue(r->queue, timeout_ms, r->msgs, (size_t)want);
+        if (got < 0) {
+            r->event_err = rk.last_error();
+            snprintf(r->event_text, sizeof(r->event_text), "%s", rk.err2str(r->event_err));
+            return KW_FAILED;
+        }
+        r->msg_n = (int)got;
+        r->msg_i = 0;
+        r->got = (int)got;
+    }
+    while (r->msg_i < r->msg_n) {
+        rd_kafka_message_t *m = r->msgs[r->msg_i++];
+        if (m->err) {
+            int lane = lane_of(r, m->rkt, m->partition);
+            if (lane >= 0) {
+                r->event_lane = lane;
+                r->event_err = m->err;
+                r->event_offset = m->offset;
+                if (m->payload)
+                    snprintf(r->event_text, sizeof(r->event_text), "%.*s", (int)m->len,
+                             (const char *)m->payload);
+                else
+                    snprintf(r->event_text, sizeof(r->event_text), "%s", rk.err2str(m->err));
+                rk.message_destroy(m);
+                return KW_EVENT;
+            }
+            rk.message_destroy(m);
+            continue;
+        }
+        int lane = file(r, m);
+        rk.message_destroy(m);
+        if (lane >= 0) {
+            kw_lane *l = &r->lanes[lane];
+            if (l->n >= r->max_records || l->key.len + l->value.len + l->hvalue.len >= r->max_bytes) {
+                r->event_lane = lane;
+                return KW_FULL;
+            }
+        }
+    }
+    return KW_DRAINED;
+}
+
+int kw_got(kw_reader *r) { return r->got; }
+int kw_event_lane(kw_reader *r) { return r->event_lane; }
+int kw_event_err(kw_reader *r) { return r->event_err; }
+int64_t kw_event_offset(kw_reader *r) { return r->event_offset; }
+const char *kw_event_text(kw_reader *r) { return r->event_text; }
+
+int kw_position(kw_reader *r, int lane, int64_t *position) {
+    kw_lane *l = &r->lanes[lane];
+    rd_kafka_topic_partition_list_t *list = rk.tpl_new(1);
+    rk.tpl_add(list, r->topic_names[l->topic], l->partition);
+    int e = rk.position(r->rk, list);
+    *position = list->elems[0].offset;
+    rk.tpl_destroy(list);
+    return e;
+}
+
+/* Stop fetching a partition whose ranges are all done (the pack pauses it). */
+void kw_stop_lane(kw_reader *r, int lane) {
+    while (lane > 0 && same_partition(&r->lanes[lane - 1], &r->lanes[lane]))
+        lane--; /* the partition's first lane keeps the flag */
+    kw_lane *l = &r->lanes[lane];
+    if (r->started && !l->stopped) {
+        rk.consume_stop(r->topics[l->topic], l->partition);
+        l->stopped = 1;
+    }
+}
+
+static void col_reset(kw_col *c) { memset(c, 0, sizeof(*c)); }
+
+/* Hand the lane's buffers over to the caller (who frees them with kw_free), and start
+ * new ones. */
+void kw_take(kw_reader *r, int lane, kw_lane *out) {
+    kw_lane *l = &r->lanes[lane];
+    *out = *l;
+    l->n = 0;
+    l->cap = 0;
+    l->offsets = NULL;
+    l->timestamps = NULL;
+    l->types = NULL;
+    col_reset(&l->key);
+    col_reset(&l->value);
+    col_reset(&l->hlist);
+    col_reset(&l->hkey);
+    col_reset(&l->hvalue);
+}
+
+static void col_free(kw_col *c) {
+    free(c->offsets);
+    free(c->data);
+    free(c->valid);
+}
+
+void kw_close(kw_reader *r) {
+    if (!r)
+        return;
+    while (r->msg_i < r->msg_n)
+        rk.message_destroy(r->msgs[r->msg_i++]);
+    if (r->started) {
+        for (int i = 0; i < r->nlanes; i++)
+            if (i == 0 || !same_partition(&r->lanes[i - 1], &r->lanes[i]))
+                kw_stop_lane(r, i);
+    }
+    for (int i = 0; i < r->nlanes; i++) {
+        kw_lane *l = &r->lanes[i];
+        free(l->offsets);
+        free(l->timestamps);
+        free(l->types);
+        col_free(&l->key);
+        col_free(&l->value);
+        col_free(&l->hlist);
+        col_free(&l->hkey);
+        col_free(&l->hvalue);
+    }
+    rk.queue_destroy(r->queue);
+    for (int t = 0; t < r->ntopics; t++) {
+        rk.topic_destroy(r->topics[t]);
+        free(r->topic_names[t]);
+    }
+    free(r->topics);
+    free(r->topic_names);
+    rk.destroy(r->rk);
+    free(r->lanes);
+    free(r->msgs);
+    free(r);
+}

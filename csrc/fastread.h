@@ -1,0 +1,79 @@
+/* kwatermark's compiled read path (DESIGN §19): librdkafka's messages copied straight into
+ * Arrow-layout buffers, one call per batch of messages, no Python object per record.
+ *
+ * librdkafka is not linked at build time: kw_load() dlopen()s the library the installed
+ * confluent-kafka wheel ships (its file name carries a hash that changes every release) and
+ * looks up the dozen functions below, which are librdkafka's stable public C ABI (rdkafka.h);
+ * only what this file uses is declared here. */
+#ifndef KW_FASTREAD_H
+#define KW_FASTREAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* One growing Arrow binary/string column: int32 offsets, data, validity bitmap. */
+typedef struct kw_col {
+    int32_t *offsets;
+    uint8_t *data;
+    uint8_t *valid;
+    int64_t n;          /* elements */
+    int64_t cap;        /* element capacity (offsets hold cap + 1) */
+    int64_t len;        /* data bytes */
+    int64_t data_cap;
+    int64_t nulls;
+} kw_col;
+
+/* One planned range [start, end) of a partition being read. A partition's ranges (sub-ranges
+ * of one pack) are consecutive lanes, in offset order. */
+typedef struct kw_lane {
+    int32_t topic;       /* index into the reader's topics */
+    int32_t partition;
+    int32_t stopped;     /* its partition's fetching stopped (kw_stop_lane) */
+    int64_t position;    /* offset after the last record taken, or where skips moved it */
+    int64_t end;
+    int64_t n;           /* records taken, not yet handed over */
+    int64_t cap;         /* record capacity of offsets/timestamps/types */
+    int64_t *offsets;
+    int64_t *timestamps;
+    int32_t *types;
+    kw_col key;
+    kw_col value;
+    /* headers: list<struct<key: string, value: binary>>; a record without headers is null */
+    kw_col hlist;        /* offsets index hkey/hvalue; data unused */
+    kw_col hkey;
+    kw_col hvalue;
+} kw_lane;
+
+/* What kw_poll stopped for. */
+#define KW_DRAINED 0     /* every message fetched was filed */
+#define KW_FULL 1        /* lane `event_lane` holds max_records or max_bytes */
+#define KW_EVENT 2       /* a message carried an error: event_* say which */
+#define KW_FAILED 3      /* the consume call itself failed: event_err, event_text */
+
+typedef struct kw_reader kw_reader;
+
+int kw_load(const char *path, char *err, size_t errlen);
+const char *kw_version(void);
+kw_reader *kw_open(const char **names, const char **values, int nconf, int headers,
+                   int64_t max_records, int64_t max_bytes, char *err, size_t errlen);
+int kw_offsets(kw_reader *r, const char **topics, const int32_t *partitions,
+               int64_t *offsets, int32_t *errors, int n, int timeout_ms);
+int kw_add_lane(kw_reader *r, const char *topic, int32_t partition, int64_t position,
+                int64_t end);
+kw_lane *kw_lane_at(kw_reader *r, int i);
+int kw_start(kw_reader *r, char *err, size_t errlen);
+int kw_poll(kw_reader *r, int want, int timeout_ms);
+int kw_got(kw_reader *r);
+int kw_event_lane(kw_reader *r);
+int kw_event_err(kw_reader *r);
+int64_t kw_event_offset(kw_reader *r);
+const char *kw_event_text(kw_reader *r);
+const char *kw_err_name(int err);
+const char *kw_err_text(int err);
+int kw_position(kw_reader *r, int lane, int64_t *position);
+void kw_stop_lane(kw_reader *r, int lane);
+void kw_take(kw_reader *r, int lane, kw_lane *out);
+void kw_free(void *p);
+void kw_close(kw_reader *r);
+
+#endif

@@ -1,0 +1,114 @@
+"""The two read engines (DESIGN §19): ``readEngine=compiled`` (kwatermark.compiled, librdkafka
+into Arrow buffers) and ``readEngine=python`` (confluent-kafka's message objects) return the
+same Arrow rows for the same ranges: transaction markers, aborted records under both
+isolation levels, headers, null keys and values, ~1 MB values, one range or a pack of them.
+The ground truth for offsets and values is what the producer wrote, not either engine."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+
+from kwatermark import compiled
+from kwatermark.arrow import OutputLayout
+from kwatermark.errors import OptionError
+from kwatermark.offsets import PartitionState, RangeTask
+from kwatermark.options import parse_options
+from kwatermark.pack import PackReader
+from kwatermark.reader import Decoders
+from kwatermark.watermarks import NO_PARTITIONS
+from tests.support.kafka import Record
+from tests.support.transactions import TransactionalWriter, end_offsets
+
+MIB = 900_000  # about 1 MB: under the producer's default message.max.bytes (1,000,000)
+
+
+def test_ci_builds_the_compiled_engine():
+    """In CI (CI=true) `pip install -e ".[test]"` must have built the extension: a silent
+    fall-back to the Python engine would otherwise pass every read test twice on it."""
+    if os.environ.get("CI") != "true":
+        pytest.skip("outside CI, a machine without a C compiler runs the Python engine")
+    assert compiled.unavailable() is None
+
+
+def test_python_engine_chosen_and_compiled_refused_where_not_built(monkeypatch):
+    options = parse_options({"kafka.bootstrap.servers": "localhost:1", "subscribe": "t",
+                             "readEngine": "python"})
+    assert compiled.use_compiled(options) is False
+    monkeypatch.setitem(compiled._state, "reason", "kwatermark._fastread is not built (test)")
+    wanted = parse_options({"kafka.bootstrap.servers": "localhost:1", "subscribe": "t",
+                            "readEngine": "compiled"})
+    with pytest.raises(OptionError, match="option readEngine=compiled: .*not built"):
+        compiled.use_compiled(wanted)
+    with pytest.raises(OptionError, match="option readEngine: unknown value 'rust'"):
+        parse_options({"kafka.bootstrap.servers": "localhost:1", "subscribe": "t",
+                       "readEngine": "rust"})
+
+
+def mixed_topic(broker) -> TransactionalWriter:
+    """Two partitions: committed and aborted transactions (markers, aborted records), then
+    plain records with headers, null keys, null values, empty values and ~1 MB values."""
+    writer = TransactionalWriter(broker, broker.create_topic(2))
+    for t in range(4):
+        batch = [Record(p, 1_000 * (t + 1) + i, value=f"t{t}-{p}-{i}".encode(),
+                        key=None if i % 5 == 0 else f"k{i}".encode())
+                 for i in range(30) for p in range(2)]
+        writer.commit(batch) if t % 2 == 0 else writer.abort(batch)
+    plain = []
+    for p in range(2):
+        for i in range(40):
+            value = (None if i % 7 == 3 else b"" if i % 7 == 4
+                     else bytes([i % 251]) * MIB if i % 13 == 5 else f"plain-{i}".encode())
+            headers = (None if i % 3 == 0 else [("h", f"v{i}".encode()), ("n", None)]
+                       if i % 3 == 1 else [("only", b"x")])
+            plain.append(Record(p, 9_000 + i, value=value,
+                                key=None if i % 4 == 0 else f"pk{i}".encode(),
+                                headers=headers))
+    writer.plain(plain)
+    return writer
+
+
+def read(broker, topic: str, engine: str, isolation: str, spans, headers: bool) -> pa.Table:
+    options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
+                             "subscribe": topic, "kafka.isolation.level": isolation,
+                             "includeHeaders": str(headers).lower(), "readEngine": engine,
+                             "arrow.maxRecordsPerBatch": "17"})
+    layout = OutputLayout(include_headers=headers)
+    tasks = [RangeTask(topic, p, a, b, PartitionState(), True, None, NO_PARTITIONS)
+             for p, a, b in spans]
+    pack = PackReader(options, layout, Decoders(), tasks)
+    batches = list(pack)
+    table = pa.Table.from_batches(batches, schema=layout.schema())
+    return table.sort_by([("partition", "ascending"), ("offset", "ascending")]), [
+        record for _, record in pack.progress]
+
+
+@pytest.mark.skipif(compiled.unavailable() is not None, reason="compiled engine not built")
+@pytest.mark.parametrize("isolation", ["read_uncommitted", "read_committed"])
+def test_both_engines_give_identical_arrow_rows(broker, isolation):
+    writer = mixed_topic(broker)
+    ends = end_offsets(broker, writer.topic, 2)
+    visible = writer.everything if isolation == "read_uncommitted" else writer.committed
+    truth = sorted((w.partition, w.offset, w.key, w.value) for w in visible)
+    cases = [
+        [(0, 0, ends[0])],                                     # one range, ends on the log end
+        [(0, 0, ends[0]), (1, 0, ends[1])],                    # a pack of two partitions
+        [(0, 0, 31), (0, 31, 62), (0, 62, ends[0]), (1, 15, 95)],  # sub-ranges on markers
+    ]
+    for spans in cases:
+        for headers in (False, True):
+            python, python_progress = read(broker, writer.topic, "python", isolation, spans,
+                                           headers)
+            fast, fast_progress = read(broker, writer.topic, "compiled", isolation, spans,
+                                       headers)
+            assert fast.equals(python), (spans, headers)
+            assert fast_progress == python_progress
+            wanted = [t for t in truth if any(p == t[0] and a <= t[1] < b
+                                              for p, a, b in spans)]
+            got = list(zip(fast.column("partition").to_pylist(),
+                           fast.column("offset").to_pylist(), fast.column("key").to_pylist(),
+                           fast.column("value").to_pylist()))
+            assert got == wanted, (spans, headers)
+    assert any(v is not None and len(v) == MIB for *_, v in truth)
