@@ -303,9 +303,11 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 "pyspark %s: maxOffsetsPerTrigger/minOffsetsPerTrigger apply to every "
                 "micro-batch; under Trigger.AvailableNow or Trigger.Once this Spark runs a "
                 "Python source as one micro-batch, which then reads at most "
-                "maxOffsetsPerTrigger records (Spark %s splits AvailableNow into several "
-                "batches and lets Once read everything). Use a processing-time trigger, "
-                "or upgrade Spark (docs/operations.md, \"Spark versions\")",
+                "maxOffsetsPerTrigger records, or nothing while fewer than "
+                "minOffsetsPerTrigger are there and maxTriggerDelay has not passed (Spark %s "
+                "splits AvailableNow into several batches and lets Once read everything). "
+                "Use a processing-time trigger, or upgrade Spark (docs/operations.md, "
+                "\"Spark versions\")",
                 SPARK_VERSION, ADMISSION_CONTROL_SINCE)
         return ReadLimits(max_rows=self.options.max_offsets_per_trigger,
                           respect_minimum=True)

@@ -3,18 +3,17 @@
 pyspark 4.2 added admission control for Python stream readers: the module
 ``pyspark.sql.streaming.datasource`` (``ReadLimit``, ``ReadMaxRows``, ``ReadMinRows``,
 ``ReadAllAvailable``, ``SupportsTriggerAvailableNow``) and ``latestOffset(start, limit)``.
-pyspark 4.0 and 4.1 call ``latestOffset()`` with no argument, pass no read limit and never call
-``prepareForTriggerAvailableNow``; there the source keeps its own start and read limits
-(:mod:`kwatermark.source`), and what it cannot know is refused at query start by name
-(:func:`refuse`). This module imports what the running Spark has and nothing else: importing
-4.2's module on 4.1 made Spark's discovery hide the source behind ``DATA_SOURCE_NOT_FOUND``.
+pyspark 4.0 and 4.1 call ``latestOffset()`` with no argument, pass no read limit and never
+call ``prepareForTriggerAvailableNow``; there the source keeps its own start and read limits
+(:mod:`kwatermark.source`). This module imports what the running Spark has and nothing else:
+importing 4.2's module on 4.1 made Spark's discovery hide the source behind
+``DATA_SOURCE_NOT_FOUND``.
 """
 
 from __future__ import annotations
 
 import pyspark
 
-from kwatermark.errors import OptionError
 from kwatermark.sparkversion import version_tuple
 
 # The first pyspark with admission control for Python stream readers.
@@ -54,10 +53,3 @@ except ImportError:  # pyspark < 4.2: Spark never passes or asks for a read limi
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
         """Stand-in mixin: Spark < 4.2 never calls ``prepareForTriggerAvailableNow``."""
 
-
-def refuse(feature: str, option: str, since: str = ADMISSION_CONTROL_SINCE) -> OptionError:
-    """The error for what this pyspark cannot give: names the feature, the option and the
-    first Spark version that has it (never a silent difference, DESIGN §23)."""
-    return OptionError(
-        f"{feature} ({option}) needs Spark {since} or later; this is pyspark {VERSION}. "
-        f"Upgrade Spark, or remove {option} (docs/operations.md, \"Spark versions\")")
