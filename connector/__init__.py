@@ -3,6 +3,12 @@
 >>> df = spark.readStream.format("kwatermark").option("subscribe", "events")  # doctest: +SKIP
 """
 
+from kwatermark.sparkversion import require_supported
+
+# On a pyspark kwatermark does not run on, say so here (installed version, supported range)
+# rather than let Spark's discovery answer DATA_SOURCE_NOT_FOUND (DESIGN §23).
+require_supported()
+
 from kwatermark.errors import (
     BrokerError,
     DataLossError,

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from kwatermark import sparkversion
 from kwatermark.errors import KWatermarkError, OptionError
 
 log = logging.getLogger("kwatermark.clock")
@@ -82,9 +83,20 @@ def _analyzed_plan(df: DataFrame) -> str | None:
         return None
 
 
-def prepare_session(df: DataFrame, who: str, error: type[KWatermarkError]) -> None:
-    """transformWithState needs protobuf in the Python workers and the RocksDB state store;
-    several inputs need Spark's ``min`` watermark policy."""
+# The first Spark whose Python API has each of Spark's transformWithState family (DESIGN
+# §23): pyspark 4.0 has only the pandas one, 4.1 added the Row one.
+STATEFUL_API_SINCE = {"transformWithStateInPandas": "4.0.0", "transformWithState": "4.1.0"}
+
+
+def prepare_session(df: DataFrame, who: str, error: type[KWatermarkError],
+                    api: str = "transformWithState") -> None:
+    """transformWithState (``api``: the one ``who`` runs on) needs a Spark that has it,
+    protobuf in the Python workers and the RocksDB state store; several inputs need Spark's
+    ``min`` watermark policy."""
+    if not hasattr(df.groupBy(), api):
+        raise error(f"{who} runs on Spark's {api}, which needs Spark "
+                    f"{STATEFUL_API_SINCE[api]} or later; this is pyspark "
+                    f"{sparkversion.installed()} (docs/operations.md, \"Spark versions\")")
     try:
         import google.protobuf  # noqa: F401
     except ImportError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -24,13 +25,6 @@ from pyspark.sql.datasource import (
     InputPartition,
 )
 from pyspark.sql.pandas.types import from_arrow_type, to_arrow_type
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    ReadMinRows,
-    SupportsTriggerAvailableNow,
-)
 from pyspark.sql.types import StructType
 
 from kwatermark.arrow import OutputLayout, heartbeat_batch
@@ -40,8 +34,19 @@ from kwatermark.options import SourceOptions, parse_options
 from kwatermark.pack import PackReader
 from kwatermark.planner import BatchPlanner, ReadLimits
 from kwatermark.reader import Decoders
+from kwatermark.sparkapi import (
+    ADMISSION_CONTROL_SINCE,
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+from kwatermark.sparkapi import VERSION as SPARK_VERSION
 
 Method = TypeVar("Method", bound=Callable)
+
+log = logging.getLogger(__name__)
 
 # Set (to anything) to see kwatermark's own frames and causes in the errors Spark shows.
 FULL_TRACEBACK_ENV = "KWATERMARK_FULL_TRACEBACK"
@@ -241,10 +246,21 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.decoders = decoders
         self.planner = BatchPlanner(options, layout, decoders)
         _simplify_planner_tracebacks()
+        # pyspark < 4.2 calls latestOffset() with no start (kwatermark.sparkapi): the source
+        # keeps it. A fresh query's first latestOffset comes before initialOffset, so the
+        # initial offset is made once and kept; after that the next batch starts at the end
+        # Spark last passed to partitions(start, end) — on a restart Spark passes the
+        # checkpoint's last offset as partitions(last, last) before anything else
+        # (AcceptsLatestSeenOffset, measured on 4.0.5 and 4.1.4).
+        self._initial: dict | None = None
+        self._next_start: dict | None = None
+        self._warned_single_batch = False
 
     @_cause_first
     def initialOffset(self) -> dict:
-        return self.planner.initial_offset().to_json()
+        if self._initial is None:
+            self._initial = self.planner.initial_offset().to_json()
+        return self._initial
 
     @_cause_first
     def prepareForTriggerAvailableNow(self) -> None:
@@ -259,8 +275,11 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return ReadAllAvailable()
 
     @_cause_first
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        if isinstance(limit, ReadAllAvailable):
+    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
+        if start is None:  # pyspark < 4.2: neither start nor read limit (DESIGN §23)
+            start = self._next_start if self._next_start is not None else self.initialOffset()
+            limits = self._own_limits()
+        elif isinstance(limit, ReadAllAvailable):
             limits = ReadLimits()
         else:
             limits = ReadLimits(max_rows=self.options.max_offsets_per_trigger,
@@ -269,6 +288,29 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 limits = ReadLimits(max_rows=limit.max_rows, respect_minimum=True)
         end = self.planner.latest_offset(BatchOffset.from_json(start), limits)
         return start if end is None else end.to_json()
+
+    def _own_limits(self) -> ReadLimits:
+        """Spark < 4.2 passes no read limit: the source applies its own, as 4.2 does under a
+        processing-time trigger. Those Spark versions run Trigger.AvailableNow and
+        Trigger.Once on a Python source as one micro-batch (their fallback for sources
+        without SupportsTriggerAvailableNow), and the source cannot tell which trigger runs,
+        so a read limit caps that one batch too: said once, at the first trigger."""
+        limited = (self.options.max_offsets_per_trigger is not None
+                   or self.options.min_offsets_per_trigger is not None)
+        if limited and not self._warned_single_batch:
+            self._warned_single_batch = True
+            log.warning(
+                "pyspark %s: maxOffsetsPerTrigger/minOffsetsPerTrigger apply to every "
+                "micro-batch; under Trigger.AvailableNow or Trigger.Once this Spark runs a "
+                "Python source as one micro-batch, which then reads at most "
+                "maxOffsetsPerTrigger records, or nothing while fewer than "
+                "minOffsetsPerTrigger are there and maxTriggerDelay has not passed (Spark %s "
+                "splits AvailableNow into several batches and lets Once read everything). "
+                "Use a processing-time trigger, or upgrade Spark (docs/operations.md, "
+                "\"Spark versions\")",
+                SPARK_VERSION, ADMISSION_CONTROL_SINCE)
+        return ReadLimits(max_rows=self.options.max_offsets_per_trigger,
+                          respect_minimum=True)
 
     @_cause_first
     def reportLatestOffset(self) -> dict | None:
@@ -284,6 +326,9 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     @_cause_first
     def partitions(self, start: dict, end: dict) -> list[RangePartition | HeartbeatPartition]:
+        self._next_start = end  # pyspark < 4.2: where the next latestOffset() starts
+        if start == end:
+            return []  # Spark's AcceptsLatestSeenOffset call on a restart: no batch
         offset = BatchOffset.from_json(end)
         if offset.heartbeat:
             return [HeartbeatPartition(offset.watermark)]

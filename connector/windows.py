@@ -156,7 +156,7 @@ def aggregate(df: DataFrame | Sequence[DataFrame], windows: Assigner, by: Sequen
         _check_stream(frame, by, spec, time_column)
         refuse_union(frame, "kwatermark.windows.aggregate", "aggregate([a, b], ...)",
                      WindowError)
-    prepare_session(frames[0], "kwatermark.windows", WindowError)
+    prepare_session(frames[0], "kwatermark.windows", WindowError, "transformWithStateInPandas")
     if len(frames) > 1:
         require_min_policy(frames[0], "kwatermark.windows.aggregate", WindowError)
     by = list(by)

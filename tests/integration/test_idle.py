@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 from tests.support.kafka import Record
-from tests.support.streams import Batches, ev_ms, kwatermark_stream, run_available_now, wm_ms
+from tests.support.streams import (
+    Batches,
+    ev_ms,
+    kwatermark_stream,
+    progress_offset,
+    run_available_now,
+    wm_ms,
+)
 
 
 def last_end_offset(query) -> dict:
-    return json.loads(query.lastProgress["sources"][0]["endOffset"])
+    return progress_offset(query.lastProgress["sources"][0]["endOffset"])
 
 
 def run_steps(spark, broker, writer, checkpoint, steps, pause_s=0.0, **options):
@@ -85,7 +91,7 @@ def test_a_read_limit_starves_no_partition_so_even_timeout_keeps_its_records_on_
         assert any(r["partition"] == 1 for r in seen.batches()[0]), policy
         assert not any(r["is_late"] for r in starved), policy
         p1 = f"{writer.topic}:1"
-        plans = [json.loads(p["sources"][0]["endOffset"])["partitions"][p1]
+        plans = [progress_offset(p["sources"][0]["endOffset"])["partitions"][p1]
                  for p in query.recentProgress]
         assert not any(plan["state"]["idle"] == "exclude" and plan["from"] < 3
                        for plan in plans), policy

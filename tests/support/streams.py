@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import json
 import threading
+import time
 from dataclasses import dataclass, field
 
 from tests.support.kafka import Record
@@ -52,7 +55,17 @@ class Batches:
 
 def run_available_now(frame, checkpoint: str, batches: Batches | None = None,
                       timeout_s: float = 180) -> tuple[Batches, object]:
-    """Run ``frame`` with Trigger.AvailableNow to completion; return batches and query."""
+    """Run ``frame`` with Trigger.AvailableNow to completion; return batches and query.
+
+    pyspark < 4.2 runs AvailableNow on a Python source as one micro-batch (Spark's fallback
+    for sources without SupportsTriggerAvailableNow; docs/operations.md, "Spark versions").
+    There the tests that need several batches run the same query on a processing-time
+    trigger until it has caught up (:func:`run_until_caught_up`): what a user of that Spark
+    runs to catch up in several batches."""
+    from kwatermark.sparkapi import ADMISSION_CONTROL
+
+    if not ADMISSION_CONTROL:
+        return run_until_caught_up(frame, checkpoint, batches, timeout_s)
     batches = batches if batches is not None else Batches()
     query = (frame.writeStream.foreachBatch(batches.collect)
              .option("checkpointLocation", checkpoint)
@@ -64,6 +77,50 @@ def run_available_now(frame, checkpoint: str, batches: Batches | None = None,
     if query.exception() is not None:
         raise query.exception()
     return batches, query
+
+
+def run_until_caught_up(frame, checkpoint: str, batches: Batches | None = None,
+                        timeout_s: float = 180, quiet_s: float = 2.0
+                        ) -> tuple[Batches, object]:
+    """Run ``frame`` on a 100 ms processing-time trigger until no batch has started for
+    ``quiet_s`` and Spark sees no new data, then stop it; return batches and query."""
+    batches = batches if batches is not None else Batches()
+    query = (frame.writeStream.foreachBatch(batches.collect)
+             .option("checkpointLocation", checkpoint)
+             .trigger(processingTime="100 milliseconds").start())
+    deadline = time.monotonic() + timeout_s
+    last, quiet_since = None, time.monotonic()
+    try:
+        while True:
+            if query.exception() is not None:
+                raise query.exception()
+            progress = query.lastProgress
+            batch = progress["batchId"] if progress else None
+            status = query.status
+            # "Initializing sources" until the first trigger has asked the source
+            waiting = status["message"].startswith("Waiting for")
+            if batch != last or status["isDataAvailable"] or not waiting:
+                last, quiet_since = batch, time.monotonic()
+            elif time.monotonic() - quiet_since >= quiet_s:
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"query did not catch up in {timeout_s}s")
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    if query.exception() is not None:
+        raise query.exception()
+    return batches, query
+
+
+def progress_offset(text: str) -> dict:
+    """An offset from a query's progress (``sources[i]["endOffset"]``): JSON, except that
+    pyspark 4.0 and 4.1 give a Python source's offset as ``str()`` of the parsed dict (their
+    ``SourceProgress.fromJson``)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return ast.literal_eval(text)
 
 
 def wm_ms(row) -> int | None:
