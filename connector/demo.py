@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import sys
 import tempfile
@@ -157,6 +156,7 @@ def _run_query(frame):
 
 
 def _print_batches(query, rows: dict[int, list], options: dict) -> None:
+    from kwatermark.offsets import BatchOffset
     from kwatermark.options import parse_options
     from kwatermark.watermarks import current_ms, from_optional, restore_generator, to_optional
 
@@ -166,20 +166,20 @@ def _print_batches(query, rows: dict[int, list], options: dict) -> None:
     print(f"{'batch':>5}  {'read p0/p1/p2':>13}" + "".join(f"{f'p{p}':>12}" for p in range(PARTITIONS))
           + f"  {'combined':>11}  windows out")
     for progress in query.recentProgress:
-        offset = json.loads(progress["sources"][0]["endOffset"])
+        offset = BatchOffset.from_json(progress["sources"][0]["endOffset"])
         read, marks = [], []
         for p in range(PARTITIONS):
-            part = offset["partitions"][f"{options['subscribe']}:{p}"]
-            state = part["state"]
-            mark = max(current_ms(restore_generator(config, state["gen"])),
-                       from_optional(state.get("advanced")))
-            read.append(str(part["to"] - part["from"]))
+            part = offset.partitions[(options["subscribe"], p)]
+            state = part.state
+            mark = max(current_ms(restore_generator(config, state.generator)),
+                       from_optional(state.advanced_ms))
+            read.append(str(part.end - part.start))
             marks.append(_s(to_optional(mark)))
         kinds = collections.Counter(r["kind"] for r in rows.get(progress["batchId"], []))
         out = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "-"
         print(f"{progress['batchId']:>5}  {'/'.join(read):>13}"
               + "".join(f"{m:>12}" for m in marks)
-              + f"  {_s(offset.get('watermark')):>11}  {out}")
+              + f"  {_s(offset.watermark):>11}  {out}")
 
 
 def _print_side_by_side(records, spark_rows, kw_rows, dropped: int) -> None:

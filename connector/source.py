@@ -35,7 +35,7 @@ from pyspark.sql.types import StructType
 
 from kwatermark.arrow import OutputLayout, heartbeat_batch
 from kwatermark.errors import KWatermarkError, OptionError
-from kwatermark.offsets import BatchOffset, RangeTask
+from kwatermark.offsets import RangeTask
 from kwatermark.options import SourceOptions, parse_options
 from kwatermark.pack import PackReader
 from kwatermark.planner import BatchPlanner, ReadLimits
@@ -244,7 +244,7 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     @_cause_first
     def initialOffset(self) -> dict:
-        return self.planner.initial_offset().to_json()
+        return self.planner.offset_json(self.planner.initial_offset())
 
     @_cause_first
     def prepareForTriggerAvailableNow(self) -> None:
@@ -267,8 +267,8 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                                 respect_minimum=True)
             if isinstance(limit, ReadMaxRows):
                 limits = ReadLimits(max_rows=limit.max_rows, respect_minimum=True)
-        end = self.planner.latest_offset(BatchOffset.from_json(start), limits)
-        return start if end is None else end.to_json()
+        end = self.planner.latest_offset(self.planner.offset(start), limits)
+        return start if end is None else self.planner.offset_json(end)
 
     @_cause_first
     def reportLatestOffset(self) -> dict | None:
@@ -284,7 +284,7 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     @_cause_first
     def partitions(self, start: dict, end: dict) -> list[RangePartition | HeartbeatPartition]:
-        offset = BatchOffset.from_json(end)
+        offset = self.planner.offset(end)
         if offset.heartbeat:
             return [HeartbeatPartition(offset.watermark)]
         mark = self.planner.ledger.driver_mark()
@@ -296,7 +296,7 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     @_cause_first
     def commit(self, end: dict) -> None:
-        self.planner.commit(BatchOffset.from_json(end))
+        self.planner.commit(self.planner.offset(end))
 
 
 class KWatermarkBatchReader(DataSourceReader):
