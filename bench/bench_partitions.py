@@ -75,8 +75,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "task per partition: minutes at 4,096)")
     parser.add_argument("--triggers", default="availableNow,1 second",
                         help="--scale: the triggers to run")
-    parser.add_argument("--no-pattern", action="store_true",
-                        help="--scale: skip the 16-topic subscribePattern cases")
+    parser.add_argument("--pattern-partitions", default="64,512,4096",
+                        help="--scale: the partition counts also read as 16 topics through "
+                             "subscribePattern ('' for none)")
     return parser.parse_args(argv)
 
 
@@ -134,8 +135,9 @@ def scale_main(args: argparse.Namespace) -> int:
     try:
         log(f"broker {broker.kind} at {broker.bootstrap_servers}")
         for n in counts:
-            shapes = [(1, "subscribe")] + ([] if args.no_pattern or n < 16
-                                           else [(16, "subscribePattern")])
+            patterned = {int(c) for c in args.pattern_partitions.split(",") if c}
+            shapes = [(1, "subscribe")] + ([(16, "subscribePattern")] if n in patterned
+                                           else [])
             for topics, kind in shapes:
                 per_topic = n // topics
                 per_partition = -(-args.scale_records // n)

@@ -88,11 +88,9 @@ def observe_lags(start: BatchOffset, partitions: dict[TopicPartition, PartitionR
         known = [c for c in candidates if c is not None]
         processing_wm = max(known) if known else None
         watermark = to_optional(marks[tp])
-        observed[tp] = replace(r, lag=PartitionLag(
-            watermark_ms=watermark, processing_wm_ms=processing_wm,
-            event_lag_ms=None if watermark is None else now - watermark,
-            processing_lag_ms=None if processing_wm is None else now - processing_wm,
-            unread=unread))
+        observed[tp] = PartitionRange(r.start, r.end, r.state, PartitionLag(
+            watermark, processing_wm, None if watermark is None else now - watermark,
+            None if processing_wm is None else now - processing_wm, unread))
     return observed
 
 
@@ -127,6 +125,7 @@ class BatchPlanner:
         # there, not in every partition's directory); None until the first commit's sweep.
         self._may_hold: set[TopicPartition] | None = None
         self._marks: dict[int, tuple[object, int]] = {}
+        self._plans_clock: bool | None = None   # the generator takes the planning time
         self._target: dict[TopicPartition, int] | None = None
         self._last_trigger_ms: int | None = None
         # Whether this run has planned a batch yet: see the heartbeat in latest_offset.
@@ -289,9 +288,10 @@ class BatchPlanner:
                 base = self._clocked(base, now)
             # A held partition is paused on purpose, not idle: it counts as read.
             read = ends[tp] > begins[tp] or tp in held
-            state = self._decide(tp, replace(base, last_read_ms=now if read
-                                             else base.last_read_ms, held=tp in held),
-                                 unread=latest[tp] - begins[tp], now=now)
+            last_read = now if read else base.last_read_ms
+            if base.last_read_ms != last_read or base.held != (tp in held):
+                base = replace(base, last_read_ms=last_read, held=tp in held)
+            state = self._decide(tp, base, unread=latest[tp] - begins[tp], now=now)
             partitions[tp] = PartitionRange(begins[tp], ends[tp], state)
         marks = {tp: self.partition_watermark(r.state) for tp, r in partitions.items()}
         counted = {tp: marks[tp] for tp, r in partitions.items() if r.state.idle != idle.EXCLUDE}
@@ -318,6 +318,10 @@ class BatchPlanner:
         return BatchOffset(to_optional(watermark), partitions, planned_ms=now, holder=holds)
 
     def _clocked(self, state: PartitionState, now: int) -> PartitionState:
+        if self._plans_clock is None:
+            self._plans_clock = plan_generator(make_generator(self.options.watermark), now)
+        if not self._plans_clock:
+            return state   # most generators take no planning time: none restored per partition
         generator = restore_generator(self.options.watermark, state.generator)
         if not plan_generator(generator, now):
             return state
