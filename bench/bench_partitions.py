@@ -116,8 +116,9 @@ BOUNDS = """What bounds each figure (--scale):
   offset;
 * offsets-log entry: Spark's Kafka offsets (each partition's end) plus kwatermark's state
   columns (DESIGN §21); the progress event carries startOffset + endOffset + latestOffset;
-* RSS: the driver JVM's peak (local[2]: executors are its threads), the planning Python process
-  and the largest Python worker (the pack's consumer and Arrow batches)."""
+* RSS: the driver JVM's peak (local[2]: executors are its threads) and the largest Python
+  process's (a worker reading a pack: its consumer and Arrow batches; on pyspark 4.2 the
+  planning process forks from pyspark.daemon and is counted there)."""
 
 
 def scale_main(args: argparse.Namespace) -> int:

@@ -57,7 +57,9 @@ def descendants(root: int) -> list[int]:
 
 def memory(spark) -> dict:
     """Peak RSS (MiB) of the driver JVM, the planning Python process and the largest Python
-    worker, as the kernel counts them now (VmHWM: the highest since each process started)."""
+    worker, as the kernel counts them now (VmHWM: the highest since each process started).
+    Where Spark forks the planning process from ``pyspark.daemon`` (pyspark 4.2) its command
+    line is the daemon's: it is then counted among the workers and ``planner`` stays 0."""
     jvm = spark.sparkContext._gateway.proc.pid
     planner, workers = 0, 0
     for pid in descendants(jvm):
