@@ -2,7 +2,7 @@
 
 The anchor of the read path (DESIGN §17). Spark's connector must have Spark's version and
 Maven Central serves it up to 4.2.0, so the measuring runs in a child process on PySpark
-4.2.0 with ``spark-sql-kafka-0-10_2.13:4.2.0`` added through ``spark.jars.packages``
+4.2.0 with ``spark-sql-kafka-0-10_2.13:4.2.0`` added through ``spark.jars``
 (``tests/support/sparkkafka.py``); both sources run in that one SparkSession, interleaved,
 each round starting at a different configuration.
 

@@ -19,7 +19,7 @@ Each round reads every topic, in an order rotated from round to round, three way
   (wall time from start to end, cold session excluded by a warm-up).
 
 Then Spark's own ``format("kafka")`` (tests/support/sparkkafka.py: PySpark 4.2.0 in a venv of
-its own, the connector through ``spark.jars.packages``) reads the same topics the same two
+its own, the connector through ``spark.jars``) reads the same topics the same two
 Spark ways in a child process, rounds rotated the same way (``--no-spark-kafka`` skips it).
 The report gives medians and the ratio transactional/plain of each (target >= 0.9).
 

@@ -4,7 +4,6 @@ requests with bounded time."""
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
@@ -128,34 +127,33 @@ class KafkaMetadata:
         return self._retrying("listing topics", fetch)
 
     def assigned_partitions(self, subscription: Subscription) -> list[TopicPartition]:
-        """The partitions the subscription covers right now (Spark's semantics: a subscribed
-        topic that does not exist yet has no partitions; a pattern must match the whole
-        name; internal topics never match)."""
+        """The partitions the subscription covers right now (Spark's semantics: a topic or
+        an assigned partition that does not exist has no partitions; a pattern is found in
+        a name, internal topics never match)."""
         return self.coverage(subscription)[0]
 
     def coverage(self, subscription: Subscription
-                 ) -> tuple[list[TopicPartition], list[str]]:
+                 ) -> tuple[list[TopicPartition], list[tuple[str, int | None]]]:
         """The partitions the subscription covers right now, and what it names that the
-        brokers do not have: ``subscribe``/``assign`` topics that do not exist, as
-        ``"topic t"``, and assigned partitions past a topic's count, as ``"topic t
-        partition p"``."""
+        brokers do not have: ``(topic, None)`` for a ``subscribe``/``assign`` topic that does
+        not exist, ``(topic, p)`` for an assigned partition past the topic's count. Topics
+        follow Spark's consumer strategies (``Subscription.selects`` for a pattern)."""
         topics = self.topics()
         named = (subscription.topics if subscription.kind == "subscribe"
                  else [t for t, _ in subscription.assigned])
         self._refuse_unauthorized(sorted({t for t in named if t not in topics}))
         if subscription.kind == "assign":
-            missing = sorted({f"topic {t}" for t, _ in subscription.assigned
-                              if t not in topics})
-            missing += [f"topic {t} partition {p} (it has {topics[t]} partition(s))"
-                        for t, p in subscription.assigned if t in topics and p >= topics[t]]
-            return [(t, p) for t, p in subscription.assigned
-                    if t in topics and p < topics[t]], missing
+            missing = [(t, None) for t in sorted({t for t, _ in subscription.assigned
+                                                  if t not in topics})]
+            missing += [(t, p) for t, p in subscription.assigned
+                        if t in topics and p >= topics[t]]
+            return sorted((t, p) for t, p in subscription.assigned
+                          if t in topics and p < topics[t]), missing
         if subscription.kind == "subscribe":
             names = [t for t in subscription.topics if t in topics]
-            missing = [f"topic {t}" for t in subscription.topics if t not in topics]
+            missing = [(t, None) for t in subscription.topics if t not in topics]
         else:
-            pattern = re.compile(subscription.pattern)
-            names = [t for t in topics if not t.startswith("__") and pattern.fullmatch(t)]
+            names = [t for t in topics if subscription.selects(t)]
             missing = []
         return sorted((t, p) for t in names for p in range(topics[t])), missing
 

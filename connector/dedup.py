@@ -43,7 +43,7 @@ from kwatermark.clock import (
     wake_at,
 )
 from kwatermark.deduping import BucketFirsts, ChunkStore, FirstsIndex
-from kwatermark.joining import FIRST, LATE, JoinError, is_late
+from kwatermark.joining import FIRST, LATE, JoinError, is_late, operator_watermark
 from kwatermark.options import parse_duration_ms
 
 __all__ = ["drop_duplicates"]
@@ -69,9 +69,10 @@ def drop_duplicates(df: DataFrame | Sequence[DataFrame], cols: Sequence[str], wi
     """The rows of a ``format("kwatermark")`` stream (``watermark.heartbeat=true``) without
     the duplicates of a key: the first row of a key comes out at once (``kind = first``);
     a later row of the same ``cols`` whose event time is within ``within`` of a first's is
-    dropped; a row at or below its own watermark comes out with ``kind = late`` (never
-    silently dropped; not checked for duplicates). Output: the input's columns and ``kind``;
-    append mode. Several streams (a list) are deduplicated together, each following its own
+    dropped; a row at or below the operator's watermark (its own row's with one stream, the
+    lowest of the streams' with several) comes out with ``kind = late`` (never silently
+    dropped; not checked for duplicates). Output: the input's columns and ``kind``; append
+    mode. Several streams (a list) are deduplicated together, each following its own
     watermark. See docs/dedup.md.
 
     >>> drop_duplicates(events, ["event_id"], within="1 hour")        # doctest: +SKIP
@@ -109,7 +110,8 @@ def drop_duplicates(df: DataFrame | Sequence[DataFrame], cols: Sequence[str], wi
                          StructField("kind", StringType(), False)])
     return (follow_watermarks(prepared, MARK)
             .groupBy(BUCKET)
-            .transformWithState(DedupProcessor(within_ms, names, cols, output.names, CHUNKS),
+            .transformWithState(DedupProcessor(within_ms, names, cols, output.names, CHUNKS,
+                                               len(frames)),
                                 output, "Append", "EventTime"))
 
 
@@ -120,9 +122,10 @@ class DedupProcessor(StatefulProcessor):
     timer at the bucket's earliest release."""
 
     def __init__(self, within_ms: int, columns: list[str], cols: list[str], output: list[str],
-                 chunks: int):
+                 chunks: int, inputs: int = 1):
         self.within_ms = within_ms
         self.chunks = chunks
+        self.inputs = inputs  # streams deduplicated together: see operator_watermark
         self.columns = columns
         self.cols = cols
         # Spark converts output rows by field name: a Row class with the output's names.
@@ -154,12 +157,13 @@ class DedupProcessor(StatefulProcessor):
         keyed = []
         for n, r in enumerate(batch):
             user_key = tuple(_hashable(r[c]) for c in self.cols)
+            mark = operator_watermark(r[MARK], watermark, self.inputs)
             if any(part is None for part in user_key):
                 # A null key part is no key (Spark's dropDuplicates keeps such rows apart too,
                 # but a null event id is not a duplicate of another): each row comes out.
-                kinds[n] = LATE if is_late(r[TIME], r[MARK]) else FIRST
+                kinds[n] = LATE if is_late(r[TIME], mark) else FIRST
             else:
-                keyed.append((n, (r[CHUNK], user_key, r[TIME], r[MARK])))
+                keyed.append((n, (r[CHUNK], user_key, r[TIME], mark)))
         if keyed:
             bucket = BucketFirsts(self._load(), self.store)
             for (n, _), kind in zip(keyed, bucket.apply(self.within_ms, [k for _, k in keyed],

@@ -5,10 +5,14 @@ Kafka; the ``transformWithState`` processors in :mod:`kwatermark.joins` and
 state store and wake it with Spark's event-time timers.
 
 Watermarks follow DESIGN §2: ``W`` means no on-time record with event time ``<= W`` is still
-to come. A row is late when its event time is at or below its own row's watermark. ``W``
-below is Spark's watermark, the minimum of the inputs' watermarks (kwatermark.clock), never
-above any row's own watermark; that is what makes forgetting at ``expiry`` safe: an on-time
-row arriving later has ``t > W``, and a row held until ``W >= expiry`` can match no such ``t``.
+to come. ``W`` below is Spark's watermark, the minimum of the inputs' watermarks
+(kwatermark.clock), never above any row's own watermark. A row is late when its event time
+is at or below the operator's watermark, as in Flink: ``W`` for a join (the lower of its two
+streams', not the row's own stream's), and for deduplication the row's own watermark with
+one input (its stream's is the operator's; fresher than ``W``), ``W`` with several
+(:func:`operator_watermark`). That is what makes
+forgetting at ``expiry`` safe: an on-time row arriving later has ``t > W``, and a row held
+until ``W >= expiry`` can match no such ``t``.
 
 >>> spec = JoinSpec(lower_ms=0, upper_ms=5_000, how="left")
 >>> key = KeyJoin()
@@ -32,6 +36,13 @@ from kwatermark.errors import KWatermarkError
 LEFT, RIGHT = 0, 1
 MATCH, LEFT_ONLY, RIGHT_ONLY, LATE, FIRST = "match", "left_only", "right_only", "late", "first"
 HOWS = ("inner", "left", "right", "full")
+# Spark's join type names (JoinType.apply: lower-cased, every "_" removed) of the four joins
+# an interval join has, each to its HOWS value; the names as Spark lists them, for messages.
+JOIN_TYPES = {"inner": "inner", "leftouter": "left", "left": "left",
+              "rightouter": "right", "right": "right",
+              "fullouter": "full", "full": "full", "outer": "full"}
+JOIN_TYPE_NAMES = ("inner", "left_outer", "leftouter", "left", "right_outer", "rightouter",
+                   "right", "full_outer", "fullouter", "full", "outer")
 
 
 class JoinError(KWatermarkError):
@@ -41,7 +52,12 @@ class JoinError(KWatermarkError):
 @dataclass(frozen=True)
 class JoinSpec:
     """``right.t`` in ``[left.t + lower_ms, left.t + upper_ms]``; ``how`` which unmatched rows
-    come out (``inner``, ``left``, ``right``, ``full``)."""
+    come out: any of Spark's names for an inner, left, right or full outer join
+    (:data:`JOIN_TYPES`), kept as ``inner``, ``left``, ``right`` or ``full``.
+
+    >>> JoinSpec(0, 5_000, "LEFT_OUTER").how
+    'left'
+    """
 
     lower_ms: int
     upper_ms: int
@@ -51,9 +67,12 @@ class JoinSpec:
         if self.lower_ms > self.upper_ms:
             raise JoinError(f"interval_join: lower ({self.lower_ms} ms) must not be above "
                             f"upper ({self.upper_ms} ms)")
-        if self.how not in HOWS:
-            raise JoinError(f"interval_join: how must be one of {', '.join(HOWS)}, got "
+        how = JOIN_TYPES.get(str(self.how).lower().replace("_", ""))
+        if how is None:
+            raise JoinError(f"interval_join: how must be one of Spark's join types "
+                            f"{', '.join(JOIN_TYPE_NAMES)} (case-insensitive), got "
                             f"{self.how!r}")
+        object.__setattr__(self, "how", how)  # frozen: its one canonical spelling
 
     def matches(self, left_ms: int, right_ms: int) -> bool:
         return left_ms + self.lower_ms <= right_ms <= left_ms + self.upper_ms
@@ -70,10 +89,35 @@ class JoinSpec:
 
 
 def is_late(t: int | None, row_watermark: int | None) -> bool:
-    """Late by its own row's watermark (undefined: nothing is late); no event time: late."""
+    """Late by its own row's watermark (undefined: nothing is late); no event time: late.
+    Deduplication's rule: with one input, the row's watermark is the operator's."""
     if t is None:
         return True
     return row_watermark is not None and t <= row_watermark
+
+
+def operator_watermark(row_watermark: int | None, watermark: int, inputs: int) -> int | None:
+    """The watermark a row of a deduplication is judged by, as Flink judges by its operator's:
+    with one input, the row's own (that stream's watermark as the row arrives, fresher than
+    Spark's ``W``); with several, ``W``, the lowest of them (a stream ahead of the others does
+    not make its rows late: the firsts they may duplicate are held until ``W`` releases
+    them). Undefined (None) while the row's own stream has none.
+
+    >>> operator_watermark(8, 2, inputs=1), operator_watermark(8, 2, inputs=2)
+    (8, 2)
+    """
+    if row_watermark is None or inputs == 1:
+        return row_watermark
+    return min(row_watermark, watermark)
+
+
+def late_in_join(row: Side, watermark: int) -> bool:
+    """Late by the join's watermark ``W``, the lower of the two streams' (Spark's at the batch
+    start), as Flink's interval join judges a row: not by the row's own stream's watermark,
+    which may be far above ``W``. A row at ``t > W`` still meets every partner: each is held
+    until ``W`` reaches its expiry, which is at or above ``t`` when the two match. ``W`` is
+    never above a row's own watermark, so a row whose own stream has none yet is not late."""
+    return row.t is None or (row.watermark is not None and row.t <= watermark)
 
 
 @dataclass
@@ -115,7 +159,7 @@ class KeyJoin:
     def apply(self, spec: JoinSpec, batch: Iterable[Side], watermark: int) -> list[Joined]:
         out = self.expire(spec, watermark)
         for row in batch:
-            if is_late(row.t, row.watermark):
+            if late_in_join(row, watermark):
                 out.append(Joined(LATE, *((row.payload, None) if row.side == LEFT
                                           else (None, row.payload))))
                 continue
@@ -146,12 +190,12 @@ class KeyJoin:
         return min((spec.expiry(h.side, h.t) for h in self.rows), default=None)
 
 
-def unmatchable(spec: JoinSpec, batch: Iterable[Side]) -> list[Joined]:
+def unmatchable(spec: JoinSpec, batch: Iterable[Side], watermark: int) -> list[Joined]:
     """Rows that can match nothing (a null key, as in SQL): late ones ``late``, the others
     their outer row at once when ``how`` keeps them."""
     out = []
     for row in batch:
-        if is_late(row.t, row.watermark):
+        if late_in_join(row, watermark):
             kind = LATE
         elif spec.keeps_unmatched(row.side):
             kind = LEFT_ONLY if row.side == LEFT else RIGHT_ONLY

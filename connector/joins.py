@@ -51,10 +51,12 @@ def interval_join(left: DataFrame, right: DataFrame, on: Sequence[str], lower: s
     join follows the lower of their watermarks. Output, append mode: the ``on`` columns, every
     other column of ``left`` prefixed ``left_`` and of ``right`` prefixed ``right_``, and
     ``kind``: ``match`` (as soon as both rows are in), ``left_only`` / ``right_only``
-    (``how`` ``left``, ``right`` or ``full``: an unmatched row, once the watermark makes a
-    match impossible; the other side null) or ``late`` (a row at or below its own
-    watermark: never joined, never dropped). ``lower``/``upper``: durations, may be negative
-    (``"-5 seconds"``). See docs/joins.md.
+    (an outer join: an unmatched row, once the watermark makes a match impossible; the other
+    side null) or ``late`` (a row at or below the join's watermark, the lower of the two
+    streams': never joined, never dropped). ``how``: Spark's join type names,
+    case-insensitive (``inner``, ``left_outer``/``leftouter``/``left``,
+    ``right_outer``/``rightouter``/``right``, ``full_outer``/``fullouter``/``full``/``outer``).
+    ``lower``/``upper``: durations, may be negative (``"-5 seconds"``). See docs/joins.md.
 
     >>> interval_join(orders, payments, on=["order_id"], lower="0 seconds",
     ...               upper="1 hour", how="left")                      # doctest: +SKIP
@@ -141,7 +143,7 @@ class JoinProcessor(StatefulProcessor):
                                   repr(s.payload)))
         if any(part is None for part in key):
             # A null key matches nothing (SQL): each row is final at once.
-            yield from self._rows(key, unmatchable(self.spec, sides))
+            yield from self._rows(key, unmatchable(self.spec, sides, watermark))
             return
         joined = held.apply(self.spec, sides, watermark)
         self._save(held, watermark)

@@ -1,9 +1,10 @@
 """A single-node Apache Kafka 4.x for tests, benchmarks and the demo (DESIGN §17).
 
 KRaft mode, one process that is both broker and controller, on 127.0.0.1, with its data in a
-temporary directory that :meth:`ApacheKafka.stop` removes. The jars come from Maven Central
-once, through the machine's ``mvn`` and the pom shipped beside this module, into
-``$KWATERMARK_CACHE`` (default ``~/.cache/kwatermark``), never into the work tree.
+temporary directory that :meth:`ApacheKafka.stop` removes. The jars are resolved once by the
+machine's ``mvn`` (with the user's Maven settings) from the pom shipped beside this module, into
+``$KWATERMARK_CACHE`` (default ``~/.cache/kwatermark``), never into the work tree
+(:mod:`kwatermark.maven`).
 
 >>> kafka = ApacheKafka.start()                   # doctest: +SKIP
 >>> kafka.bootstrap_servers                       # doctest: +SKIP
@@ -24,7 +25,6 @@ from __future__ import annotations
 import atexit
 import base64
 import os
-import re
 import shutil
 import signal
 import socket
@@ -34,10 +34,10 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from kwatermark.errors import KWatermarkError
+from kwatermark.maven import MAVEN_HINT, cache_root, pom_property, resolve
 
 POM = "kafka-broker.pom.xml"
 PROBE_TOPIC = "__kwatermark_ready"
@@ -45,21 +45,7 @@ PROBE_TOPIC = "__kwatermark_ready"
 
 def kafka_version() -> str:
     """The Apache Kafka version the shipped pom resolves (its ``kafka.version``)."""
-    found = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", _pom_text())
-    assert found, f"{POM} names no kafka.version"
-    return found.group(1)
-
-
-def _pom_text() -> str:
-    return resources.files("kwatermark").joinpath(POM).read_text(encoding="utf-8")
-
-
-def cache_root() -> Path:
-    explicit = os.environ.get("KWATERMARK_CACHE")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kwatermark"
+    return pom_property(POM, "kafka.version")
 
 
 def require_tool(name: str, what: str) -> str:
@@ -72,34 +58,13 @@ def require_tool(name: str, what: str) -> str:
 
 
 def runtime_classpath() -> str:
-    """The broker's classpath (``<cache>/kafka-<version>/lib/*``), resolved on first use.
-
-    Resolution writes to a fresh directory and renames it into place, so processes that
-    start brokers at the same time never see half a runtime.
-    """
+    """The broker's classpath (``<cache>/kafka-<version>/lib/*``), resolved on first use
+    (:func:`kwatermark.maven.resolve`)."""
     lib = cache_root() / f"kafka-{kafka_version()}" / "lib"
     if not lib.is_dir():
-        mvn = require_tool("mvn", "Maven 3 (apt-get install maven)")
+        require_tool("mvn", MAVEN_HINT)
         require_tool("java", "a Java 17 JDK (apt-get install openjdk-17-jdk-headless)")
-        lib.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix="lib-", dir=lib.parent))
-        pom = staging / "pom.xml"
-        pom.write_text(_pom_text(), encoding="utf-8")
-        result = subprocess.run(
-            [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-             f"-DoutputDirectory={staging / 'jars'}", "-DincludeScope=runtime"],
-            check=False, capture_output=True, text=True, timeout=900)
-        if result.returncode != 0:
-            shutil.rmtree(staging, ignore_errors=True)
-            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
-            raise KWatermarkError(f"Maven could not resolve Apache Kafka {kafka_version()} "
-                                  f"from Maven Central (mvn exit {result.returncode}):\n{tail}")
-        try:
-            (staging / "jars").rename(lib)
-        except OSError:
-            if not lib.is_dir():  # not another process winning the race: a real failure
-                raise
-        shutil.rmtree(staging, ignore_errors=True)
+        resolve(POM, lib, f"Apache Kafka {kafka_version()}")
     return str(lib / "*")
 
 

@@ -332,6 +332,8 @@ def _topic_ranges(topic: str, numbered: list[tuple[int, int | None]], columns: d
     base = {"eventLag": "wm", "procLag": "procWm"}
     for name, mark in base.items():
         if name not in values:
+            for partition, value in zip(partitions, values[mark]):
+                _optional_int(f"{topic}:{partition}", mark, value)
             values[name] = _lags(values[mark], planned)
     for i, (partition, end) in enumerate(numbered):
         where = f"{topic}:{partition}"

@@ -12,6 +12,7 @@ import math
 import os
 import re
 import tempfile
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -46,7 +47,11 @@ KWATERMARK_OPTIONS = (
 DEFAULT_MIN_RECORDS_PER_PARTITION = 20_000
 # Serde options are open-ended (schemas, registry auth); they are validated by kwatermark.serde.
 SERDE_PREFIXES = ("key.avro.", "value.avro.", "key.json.", "value.json.",
+                  "key.protobuf.", "value.protobuf.",
                   "key.schema.registry.", "value.schema.registry.")
+# The {role}.format values (kwatermark.serde.FORMATS; serde is imported lazily).
+FORMATS = ("binary", "string", "json", "avro", "avro-confluent", "protobuf-confluent",
+           "json-schema-confluent")
 # Plug-in options are passed through to user classes with their full names.
 PLUGIN_PREFIXES = ("watermark.", "idle.")
 
@@ -211,6 +216,24 @@ class Subscription:
     topics: tuple[str, ...] = ()
     pattern: str | None = None
     assigned: tuple[tuple[str, int], ...] = ()
+
+    def selects(self, topic: str) -> bool:
+        """Whether ``subscribePattern`` reads ``topic``, as Spark's default offset reader
+        decides (``SubscribePatternStrategy``): the pattern *found* anywhere in the name (Java's
+        ``Matcher.find()``, Python's ``re.search``), not the whole name; Kafka's internal
+        topics never (``Admin.listTopics()`` leaves them out).
+
+        >>> Subscription("subscribePattern", pattern="orders-(eu|us)").selects("orders-eu-old")
+        True
+        >>> Subscription("subscribePattern", pattern="^orders-(eu|us)$").selects("orders-eu-old")
+        False
+        """
+        return topic not in INTERNAL_TOPICS and re.search(self.pattern or "", topic) is not None
+
+
+# Apache Kafka's internal topics (Topic.INTERNAL_TOPICS, 4.x; 3.x has the first two): the
+# broker flags exactly these as internal. Other names starting with "__" are ordinary topics.
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
 
 
 @dataclass(frozen=True)
@@ -385,9 +408,16 @@ def _subscription(opts: Mapping[str, str]) -> Subscription:
         return Subscription(kind, topics=topics)
     if kind == "subscribePattern":
         try:
-            re.compile(text)
-        except (re.error, OverflowError, RecursionError) as exc:
-            raise OptionError(f"option subscribePattern: invalid regex {text!r}: {exc}") from None
+            with warnings.catch_warnings():
+                # Java's class operators ([a-z&&[^x]]) mean something else in Python, which
+                # only warns (FutureWarning); a fresh compile, as the cache would not warn.
+                warnings.simplefilter("error", FutureWarning)
+                re.purge()
+                re.compile(text)
+        except (re.error, FutureWarning, OverflowError, RecursionError) as exc:
+            raise OptionError(f"option subscribePattern: invalid regex {text!r}: {exc} (Python "
+                              f"re syntax, which differs from Java's in a few constructs: "
+                              f"docs/options.md)") from None
         return Subscription(kind, pattern=text)
     parsed = _parse_json("assign", text)
     # type() is int: JSON true/false are bools, and bool is an int subclass.
@@ -524,13 +554,12 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None = True) -> S
     field_path = opts.get("eventTime.field")
     if field_path and assigner:
         raise OptionError("options eventTime.field and eventTime.assigner conflict; set one")
-    value_format = _parse_choice("value.format", opts.get("value.format", "binary"),
-                                 ("binary", "string", "json", "avro", "avro-confluent"))
-    key_format = _parse_choice("key.format", opts.get("key.format", "binary"),
-                               ("binary", "string", "json", "avro", "avro-confluent"))
+    value_format = _parse_choice("value.format", opts.get("value.format", "binary"), FORMATS)
+    key_format = _parse_choice("key.format", opts.get("key.format", "binary"), FORMATS)
     if field_path and value_format in ("binary", "string"):
         raise OptionError("option eventTime.field needs a structured value.format "
-                          "(json, avro or avro-confluent)")
+                          "(json, avro, avro-confluent, protobuf-confluent or "
+                          "json-schema-confluent)")
     if strategy == "timelag" and "watermark.maxTimeLag" not in opts:
         raise OptionError("option watermark.maxTimeLag is required when watermark.strategy "
                           "is 'timelag' (how far the watermark trails processing time, e.g. "

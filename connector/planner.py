@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
@@ -130,6 +131,7 @@ class BatchPlanner:
         self._last_trigger_ms: int | None = None
         # Whether this run has planned a batch yet: see the heartbeat in latest_offset.
         self._planned = False
+        self._checked = False  # latest_offset has checked the subscription once in this run
         self._warned: dict[str, float] = {}
         # Each partition's end offset as the broker reported it at the last planning, for
         # the query progress's "latestOffset" (DESIGN §15); observation only.
@@ -212,25 +214,42 @@ class BatchPlanner:
         latest = self.metadata.latest_offsets(absent) if absent else {}
         return {tp: latest.get(tp, offset) for tp, offset in found.items()}
 
-    def assigned(self, fail_if_missing: bool = False) -> list[TopicPartition]:
-        """The partitions to read. A ``subscribe``/``assign`` topic (or assigned partition)
-        that does not exist is an error with ``fail_if_missing`` (a batch read; a stream's
-        first offsets under ``assign``). Otherwise a subscribed topic that does not exist yet,
-        or a pattern matching nothing, is a warning logged at most every
-        MISSING_WARNING_EVERY_MS while the stream waits for it (Spark's semantics), and an
-        assigned partition that disappeared is data loss (``_begins``)."""
+    def assigned(self, fail_if_missing: bool = False,
+                 read_before: Iterable[str] = ()) -> list[TopicPartition]:
+        """The partitions to read. With ``fail_if_missing`` (a batch read; a stream when it
+        starts or restarts), a ``subscribe``/``assign`` topic that does not exist is an error,
+        as in Spark's Kafka source, unless it is one of ``read_before`` (the checkpoint has
+        its partitions: deleted since, which is data loss, see ``_begins``). An assigned
+        partition past its topic's end is left out with a warning naming it, as Spark leaves
+        it out (read from its earliest offset if it is created). A topic that disappeared,
+        and a pattern matching nothing, are warned about at most every
+        MISSING_WARNING_EVERY_MS."""
         subscription = self.options.subscription
         tps, missing = self.metadata.coverage(subscription)
-        if missing and fail_if_missing:
+        topics = [t for t, p in missing if p is None]
+        where = f"kafka.bootstrap.servers={self.options.bootstrap_servers!r}"
+        known = set(read_before)
+        never_read = [t for t in topics if t not in known]
+        if never_read and fail_if_missing:
             raise OptionError(
-                f"option {subscription.kind}: {', '.join(missing)} does not exist on "
-                f"kafka.bootstrap.servers={self.options.bootstrap_servers!r}")
-        if subscription.kind != "assign" and (missing or not tps):
-            what = (f"option subscribe: {', '.join(missing)} does not exist (yet)" if missing
-                    else f"option subscribePattern: {subscription.pattern!r} matches no topic")
-            self._warn_rarely(what, f"{what} on kafka.bootstrap.servers="
-                              f"{self.options.bootstrap_servers!r}; nothing is read from it "
-                              f"until it is created")
+                f"option {subscription.kind}: {', '.join(f'topic {t}' for t in never_read)} "
+                f"does not exist on {where}; create it first (subscribePattern reads topics "
+                f"as they are created)")
+        for t, p in missing:
+            if p is not None:
+                what = f"option assign: topic {t} has no partition {p}"
+                self._warn_rarely(what, f"{what} on {where}; the assigned partitions that exist "
+                                  f"are read, and partition {p} from its earliest offset if it "
+                                  f"is created")
+        if topics:
+            what = f"option {subscription.kind}: {', '.join(f'topic {t}' for t in topics)} " \
+                   f"does not exist"
+            self._warn_rarely(what, f"{what} on {where}; nothing is read from it until it is "
+                              f"created")
+        elif subscription.kind == "subscribePattern" and not tps:
+            what = f"option subscribePattern: {subscription.pattern!r} matches no topic"
+            self._warn_rarely(what, f"{what} on {where}; nothing is read until a topic "
+                              f"matching it is created")
         return tps
 
     def _warn_rarely(self, key: str, message: str) -> None:
@@ -243,7 +262,7 @@ class BatchPlanner:
     # -- streaming -------------------------------------------------------------------
 
     def initial_offset(self) -> BatchOffset:
-        tps = self.assigned(fail_if_missing=self.options.subscription.kind == "assign")
+        tps = self.assigned(fail_if_missing=True)
         positions = self.resolve(self.options.starting, tps, "startingOffsets")
         first_seen = now_ms()
         return BatchOffset(None, {tp: PartitionRange(o, o, PartitionState(last_read_ms=first_seen))
@@ -258,7 +277,11 @@ class BatchPlanner:
         self._marks = {}
         states, emitted_max = self.fold(start)
         previous = max(from_optional(start.watermark), emitted_max)
-        current = self.assigned()
+        # A (re)started query's topics must exist, as when it first started, except those
+        # it has read before: their loss is failOnDataLoss's to judge.
+        current = self.assigned(fail_if_missing=not self._checked,
+                                read_before={t for t, _ in start.partitions})
+        self._checked = True
         begins = self._begins(start, current, previous)
         latest = self.metadata.latest_offsets(list(begins))
         for tp, begin in list(begins.items()):

@@ -10,18 +10,24 @@ from .arrowtypes import avro_to_arrow_type
 from .avro import AvroDeserializer, ConfluentAvroDeserializer
 from .base import DecodedBatch, Deserializer, SerdeError
 from .formats import FORMATS, make_deserializer
+from .jsonschema import ConfluentJsonSchemaDeserializer, json_schema_arrow_type
 from .jsonvalues import JsonDeserializer
+from .protobuf import ConfluentProtobufDeserializer, protobuf_arrow_type
 from .text import StringDeserializer
 
 __all__ = [
     "FORMATS",
     "AvroDeserializer",
     "ConfluentAvroDeserializer",
+    "ConfluentJsonSchemaDeserializer",
+    "ConfluentProtobufDeserializer",
     "DecodedBatch",
     "Deserializer",
     "JsonDeserializer",
     "SerdeError",
     "StringDeserializer",
     "avro_to_arrow_type",
+    "json_schema_arrow_type",
     "make_deserializer",
+    "protobuf_arrow_type",
 ]

@@ -15,7 +15,13 @@ import pyarrow as pa
 from .arrowtypes import arrow_type_for, decodable, load_schema, parse_avro
 from .base import DecodedBatch, SerdeError, describe_exception, payload_list
 from .options import RoleOptions
-from .registry import RegistrySchema, SchemaLookupError, SchemaRegistry, redact_url
+from .registry import (
+    RegistrySchema,
+    SchemaLookupError,
+    SchemaRegistry,
+    redact_url,
+    subject_for,
+)
 
 # Confluent wire format: magic byte 0, then the schema id as a 4-byte big-endian integer.
 _MAGIC = 0
@@ -215,12 +221,7 @@ class ConfluentAvroDeserializer:
                 break
         else:
             source = "schema.registry.subject"
-            subject = opts.get(source)
-            option = opts.name(source)
-            if subject is None and topic is not None:
-                subject = f"{topic}-{opts.role}"
-                option = (f"{option} (unset, so {subject!r}: Confluent's TopicNameStrategy "
-                          f"for topic {topic!r})")
+            subject, option = subject_for(opts, topic)
             if subject is None:
                 raise SerdeError(
                     f"{opts.name('format')}=avro-confluent needs the output type declared: set "

@@ -8,11 +8,14 @@ import pyarrow as pa
 
 from .avro import AvroDeserializer, ConfluentAvroDeserializer
 from .base import Deserializer, SerdeError
+from .jsonschema import ConfluentJsonSchemaDeserializer
 from .jsonvalues import JsonDeserializer
 from .options import RoleOptions
+from .protobuf import ConfluentProtobufDeserializer
 from .text import StringDeserializer
 
-FORMATS = ("binary", "string", "json", "avro", "avro-confluent")
+FORMATS = ("binary", "string", "json", "avro", "avro-confluent", "protobuf-confluent",
+           "json-schema-confluent")
 
 
 def make_deserializer(
@@ -27,7 +30,7 @@ def make_deserializer(
     ``role`` is ``"key"`` or ``"value"``; option names and the format value are matched
     case-insensitively. ``json_arrow_type`` is the struct the caller derived from
     ``{role}.json.schema`` (serde does not parse Spark DDL). ``topic`` is the one topic the
-    query reads, if it reads exactly one: ``avro-confluent`` then defaults to subject
+    query reads, if it reads exactly one: the ``*-confluent`` formats then default to subject
     ``<topic>-<role>`` (Confluent's TopicNameStrategy).
 
     >>> make_deserializer("value", {"value.format": "String"}).decode([b"a"]).array.to_pylist()
@@ -50,6 +53,10 @@ def make_deserializer(
         return AvroDeserializer.from_options(opts)
     if fmt == "avro-confluent":
         return ConfluentAvroDeserializer.from_options(opts, topic)
+    if fmt == "protobuf-confluent":
+        return ConfluentProtobufDeserializer.from_options(opts, topic)
+    if fmt == "json-schema-confluent":
+        return ConfluentJsonSchemaDeserializer.from_options(opts, topic)
     raise SerdeError(
         f"{opts.name('format')}: unknown format {opts.get('format')!r}; "
         f"accepted values: {', '.join(FORMATS)}"

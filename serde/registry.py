@@ -1,4 +1,5 @@
-"""Avro writer schemas from a Confluent Schema Registry, fetched by id and cached."""
+"""Writer schemas (Avro, Protobuf, JSON Schema) from a Confluent Schema Registry, fetched by
+id and cached."""
 
 from __future__ import annotations
 
@@ -33,12 +34,35 @@ class SchemaLookupError(Exception):
     """A writer schema cannot be fetched; the message is ready to be a record error."""
 
 
+# The registry's schemaType for each format; Avro schemas may omit it.
+AVRO, PROTOBUF, JSON = "AVRO", "PROTOBUF", "JSON"
+
+
 @dataclass(frozen=True)
 class RegistrySchema:
-    """A registered Avro schema (JSON object) and the schemas it references, dependencies first."""
+    """A registered schema and the schemas it references, dependencies first.
+
+    Avro: the schema JSON object, references the same. JSON Schema: the schema JSON object.
+    Protobuf: the schema text as served (a base64 ``FileDescriptorProto`` when asked with
+    ``format=serialized``), references ``(import name, text)`` pairs.
+    """
 
     schema: Any
     references: tuple = ()
+    kind: str = AVRO
+
+
+def subject_for(opts: RoleOptions, topic: str | None) -> tuple[str | None, str]:
+    """The subject whose latest schema a query reads, and the option to name in errors:
+    ``{role}.schema.registry.subject``, else ``<topic>-<role>`` (Confluent's
+    TopicNameStrategy) when the query reads exactly one topic, else None."""
+    option = opts.name("schema.registry.subject")
+    subject = opts.get("schema.registry.subject")
+    if subject is None and topic is not None:
+        subject = f"{topic}-{opts.role}"
+        option = (f"{option} (unset, so {subject!r}: Confluent's TopicNameStrategy "
+                  f"for topic {topic!r})")
+    return subject, option
 
 
 def redact_url(url: str) -> str:
@@ -71,8 +95,8 @@ class SchemaRegistry:
         self._client = None
 
     @classmethod
-    def from_options(cls, opts: RoleOptions) -> SchemaRegistry:
-        url = opts.require("schema.registry.url", "avro-confluent")
+    def from_options(cls, opts: RoleOptions, fmt: str = "avro-confluent") -> SchemaRegistry:
+        url = opts.require("schema.registry.url", fmt)
         settings: dict[str, Any] = {}
         for key, value in opts.with_prefix("schema.registry.").items():
             if key in ("url", "subject"):
@@ -103,14 +127,15 @@ class SchemaRegistry:
                 ) from None
         return self._client
 
-    def schema_by_id(self, schema_id: int) -> RegistrySchema:
-        """The writer schema registered under ``schema_id``; SchemaLookupError if unavailable."""
-        key = (self.url, tuple(sorted(self._settings.items())), schema_id)
+    def schema_by_id(self, schema_id: int, kind: str = AVRO) -> RegistrySchema:
+        """The writer schema registered under ``schema_id``; SchemaLookupError if unavailable
+        or not of ``kind``."""
+        key = (self.url, tuple(sorted(self._settings.items())), schema_id, kind)
         cached = _SCHEMAS_BY_ID.get(key)
         if cached is not None:
             return cached
         try:
-            found = self._resolve(self.client().get_schema(schema_id))
+            found = self._resolve(self.client().get_schema(schema_id, fmt=_fmt(kind)), kind)
         except SchemaLookupError as exc:
             raise SchemaLookupError(f"schema id {schema_id}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - SchemaRegistryError, httpx errors...: all
@@ -123,10 +148,11 @@ class SchemaRegistry:
             _SCHEMAS_BY_ID[key] = found
         return found
 
-    def latest(self, subject: str, option: str) -> RegistrySchema:
+    def latest(self, subject: str, option: str, kind: str = AVRO) -> RegistrySchema:
         """The latest schema of ``subject``; SerdeError naming ``option`` if unavailable."""
         try:
-            return self._resolve(self.client().get_latest_version(subject).schema)
+            latest = self.client().get_latest_version(subject, fmt=_fmt(kind))
+            return self._resolve(latest.schema, kind)
         except SerdeError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported with the option to fix
@@ -135,21 +161,45 @@ class SchemaRegistry:
                 f"Registry at {redact_url(self.url)}: {self._scrub(describe_exception(exc))}"
             ) from None
 
-    def _resolve(self, schema, seen: frozenset = frozenset()) -> RegistrySchema:
-        if (schema.schema_type or "AVRO").upper() != "AVRO":
-            raise SchemaLookupError(f"it is a {schema.schema_type} schema, not Avro")
+    def _resolve(self, schema, kind: str = AVRO, seen: frozenset = frozenset()) -> RegistrySchema:
+        found = (schema.schema_type or AVRO).upper()
+        if found != kind:
+            raise SchemaLookupError(f"it is a {found} schema, not {_KIND_NAMES[kind]}")
         references: list = []
         for ref in schema.references or ():
             if (ref.subject, ref.version) in seen:
                 continue
             seen = seen | {(ref.subject, ref.version)}
-            registered = self.client().get_version(ref.subject, ref.version)
-            nested = self._resolve(registered.schema, seen)
-            references.extend(r for r in [*nested.references, nested.schema] if r not in references)
+            if kind == PROTOBUF and _builtin_proto(ref.name):
+                continue  # google/protobuf/*.proto: every descriptor pool has them
+            registered = self.client().get_version(ref.subject, ref.version, fmt=_fmt(kind))
+            nested = self._resolve(registered.schema, kind, seen)
+            own = (ref.name, nested.schema) if kind == PROTOBUF else nested.schema
+            references.extend(r for r in [*nested.references, own] if r not in references)
+        if kind == PROTOBUF:
+            return RegistrySchema(schema.schema_str, tuple(references), kind)
+        if kind == JSON:
+            if references:
+                raise SchemaLookupError("JSON Schema references to other subjects are not "
+                                        "supported; only $ref within the schema")
+            return RegistrySchema(json.loads(schema.schema_str), (), kind)
         return RegistrySchema(decodable(json.loads(schema.schema_str)), tuple(references))
 
     def _scrub(self, message: str) -> str:
         return scrub(message.replace(self.url, redact_url(self.url)), self._secrets)
+
+
+_KIND_NAMES = {AVRO: "Avro", PROTOBUF: "Protobuf", JSON: "JSON Schema"}
+
+
+def _fmt(kind: str) -> str | None:
+    # Confluent's registry serves any Protobuf schema as a base64 FileDescriptorProto when
+    # asked: no .proto parser needed (a registry that ignores it serves the text registered).
+    return "serialized" if kind == PROTOBUF else None
+
+
+def _builtin_proto(name: str | None) -> bool:
+    return bool(name) and name.startswith(("google/protobuf/", "confluent/"))
 
 
 def _number(value: Any) -> Any:

@@ -47,6 +47,18 @@ def broker() -> TestBroker:
 
 
 @pytest.fixture(scope="session")
+def schema_registry():
+    """A real Confluent-compatible Schema Registry (Apicurio, kwatermark.schemaregistry),
+    started once per session; its default compatibility is Apicurio's, NONE. Tests register
+    under subjects of their own unique topics."""
+    from kwatermark.schemaregistry import LocalSchemaRegistry
+
+    registry = LocalSchemaRegistry.start()
+    yield registry
+    registry.stop()
+
+
+@pytest.fixture(scope="session")
 def spark():
     from pyspark.sql import SparkSession
 

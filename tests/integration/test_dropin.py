@@ -117,12 +117,26 @@ def dropin(broker, tmp_path_factory):
     _produce_plain(bs, b, 2, 10)
     _produce_plain(bs, other, 1, 5)
     _produce_transactional(bs, tx, 2)
+    # Differences 1-4 of issue 33: a pattern found in a part of a name; an assigned partition
+    # that does not exist; a topic that does not exist; a topic deleted and recreated.
+    found = {name: f"{prefix}-{name}" for name in ("ct", "lat", "ct-x")}
+    for topic in found.values():
+        broker.create_topic(1, name=topic)
+        _produce_plain(bs, topic, 1, 12)
+    absent = f"{prefix}-absent"
+    loss = f"{prefix}-loss-{{fmt}}"     # one topic per format: the child substitutes it
+    for fmt in ("kafka", "kwatermark"):
+        broker.create_topic(2, name=loss.replace("{fmt}", fmt))
+        _produce_plain(bs, loss.replace("{fmt}", fmt), 2, 10)
 
     truth = {
         "a": _ground_truth(bs, {a: 3}, "read_uncommitted"),
         "b": _ground_truth(bs, {b: 2}, "read_uncommitted"),
         "tx_uncommitted": _ground_truth(bs, {tx: 2}, "read_uncommitted"),
         "tx_committed": _ground_truth(bs, {tx: 2}, "read_committed"),
+        "found": _ground_truth(bs, {t: 1 for t in found.values()}, "read_uncommitted"),
+        "loss_before": {fmt: _ground_truth(bs, {loss.replace("{fmt}", fmt): 2},
+                                           "read_uncommitted") for fmt in ("kafka", "kwatermark")},
     }
     ts = {p: BASE_TS + p * 100_000 for p in range(3)}
     headers = {"includeHeaders": "true"}
@@ -175,12 +189,34 @@ def dropin(broker, tmp_path_factory):
         ("stream_tx_committed", "stream",
          {"subscribe": tx, "startingOffsets": "earliest",
           "kafka.isolation.level": "read_committed", **tx_poll}),
+        ("batch_pattern_found", "batch", {"subscribePattern": f"{prefix}-(ct|lat)"}),
+        ("stream_pattern_found", "stream",
+         {"subscribePattern": f"{prefix}-(ct|lat)", "startingOffsets": "earliest"}),
+        ("batch_pattern_anchored", "batch", {"subscribePattern": f"^{prefix}-(ct|lat)$"}),
+        ("batch_assign_missing_partition", "batch", {"assign": json.dumps({b: [0, 5]})}),
+        ("stream_assign_missing_partition", "stream",
+         {"assign": json.dumps({b: [0, 5]}), "startingOffsets": "earliest"}),
+        ("batch_missing_topic", "batch", {"subscribe": absent}),
+        ("stream_missing_topic", "stream", {"subscribe": absent}),
     ]
+    # Read, delete the topic, create it again with fewer records, read on: last, since it
+    # deletes topics while the child runs.
+    recreate = [{"run": True}, {"delete": loss}, {"create": loss, "partitions": 2},
+                {"produce": loss, "records": [[p, BASE_TS + 500_000 + i, f"k{p}-{i}",
+                                               f"new {p}-{i}"] for p in range(2)
+                                              for i in range(3)]},
+                {"run": True}]
     request = {"bootstrap": bs, "checkpoints": str(tmp_path_factory.mktemp("dropin")),
-               "cases": [{"name": n, "mode": m, "options": o} for n, m, o in cases]}
+               "cases": [{"name": n, "mode": m, "options": o} for n, m, o in cases] + [
+                   {"name": "stream_recreated_topic", "mode": "stream", "steps": recreate,
+                    "options": {"subscribe": loss, "startingOffsets": "earliest",
+                                "failOnDataLoss": "false"}}]}
     reply = run_baseline(REPO_ROOT / "tests" / "support" / "dropin_compare.py", request,
-                         timeout=1200)
-    return {"topics": {"a": a, "b": b, "tx": tx}, "truth": truth, "ts": ts,
+                         timeout=1500)
+    truth["loss_after"] = {fmt: _ground_truth(bs, {loss.replace("{fmt}", fmt): 2},
+                                              "read_uncommitted")
+                           for fmt in ("kafka", "kwatermark")}
+    return {"topics": {"a": a, "b": b, "tx": tx, "absent": absent}, "truth": truth, "ts": ts,
             "spark_version": reply["spark_version"], "cases": reply["cases"]}
 
 
@@ -295,3 +331,49 @@ def test_transactional_topic(dropin):
     _check(dropin, "batch_tx_default", _no_headers(uncommitted))
     _check(dropin, "batch_tx_committed", _no_headers(committed))
     _check(dropin, "stream_tx_committed", _no_headers(committed))
+
+
+# -- issue 33: where the two differed -------------------------------------------------------
+# Each test asserts both sources against the consumer's ground truth (or the failure each
+# gives), so a change in Spark's behaviour shows up here, not only one in kwatermark's.
+
+def test_subscribe_pattern_selects_every_topic_the_pattern_is_found_in(dropin):
+    # Spark's default offset reader keeps a topic when the pattern is found in its name
+    # (Matcher.find): <p>-(ct|lat) reads <p>-ct-x too. kwatermark selects the same topics.
+    found = _no_headers(dropin["truth"]["found"])
+    assert len(found) == 36 and len({r[2] for r in found}) == 3
+    _check(dropin, "batch_pattern_found", found)
+    _check(dropin, "stream_pattern_found", found)
+    # Anchored, the pattern asks for the whole name in both.
+    _check(dropin, "batch_pattern_anchored", [r for r in found if not r[2].endswith("-ct-x")])
+
+
+def test_assign_reads_the_partitions_that_exist_and_ignores_a_missing_one(dropin):
+    b = [r for r in dropin["truth"]["b"] if r[3] == 0]
+    assert len(b) == 10
+    _check(dropin, "batch_assign_missing_partition", _no_headers(b))
+    _check(dropin, "stream_assign_missing_partition", _no_headers(b))
+
+
+@pytest.mark.parametrize("mode", ["batch", "stream"])
+def test_a_topic_that_does_not_exist_fails_both(dropin, mode):
+    case, absent = dropin["cases"][f"{mode}_missing_topic"], dropin["topics"]["absent"]
+    assert "UnknownTopicOrPartitionException" in case["kafka"].get("error", ""), case["kafka"]
+    assert f"option subscribe: topic {absent} does not exist on kafka.bootstrap.servers=" \
+        in case["kwatermark"].get("error", ""), case["kwatermark"]
+
+
+def test_a_recreated_topic_under_fail_on_data_loss_false(dropin):
+    """The topic is read (end offsets 10), deleted, recreated with 3 records a partition, and
+    read on from the checkpoint. Spark goes on from its old offsets and reads none of the new
+    records (they stay unread: it continues from the new end); kwatermark reads them from the
+    new topic's earliest offset (docs/options.md: nothing is lost)."""
+    truth = dropin["truth"]
+    for fmt in ("kafka", "kwatermark"):
+        first, second = dropin["cases"]["stream_recreated_topic"][fmt]["runs"]
+        assert "error" not in first and "error" not in second, (fmt, first, second)
+        assert first["rows"] == _no_headers(truth["loss_before"][fmt]), fmt
+        assert len(first["rows"]) == 20 and len(truth["loss_after"][fmt]) == 6
+    assert dropin["cases"]["stream_recreated_topic"]["kafka"]["runs"][1]["rows"] == []
+    assert dropin["cases"]["stream_recreated_topic"]["kwatermark"]["runs"][1]["rows"] == \
+        _no_headers(truth["loss_after"]["kwatermark"])

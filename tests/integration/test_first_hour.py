@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -17,8 +18,7 @@ from kwatermark.broker import NEVER_REACHED_BUDGET_MS, KafkaMetadata
 from kwatermark.options import parse_options
 from kwatermark.planner import BatchPlanner
 from kwatermark.rdkafka_log import LOGGER_NAME
-from tests.support.kafka import Record, TestBroker, TopicWriter
-from tests.support.registry import FakeSchemaRegistry
+from tests.support.kafka import Record, TestBroker
 from tests.support.streams import kwatermark_batch, kwatermark_stream, run_available_now
 
 
@@ -66,40 +66,65 @@ def test_assign_to_a_missing_topic_says_it_does_not_exist(spark, broker, read, c
         run_available_now(frame, checkpoint)
 
 
-def test_assign_to_a_partition_past_the_topic_end_names_it(spark, broker, topic_factory):
+@pytest.mark.parametrize("read", ["batch", "stream"])
+def test_assign_to_a_partition_past_the_topic_end_reads_the_others_and_names_it(
+        spark, broker, topic_factory, read, checkpoint, caplog):
+    # As Spark's Kafka source does (AssignStrategy keeps the assigned partitions that
+    # exist); the warning is logged in Spark's driver-side Python process, so it is read
+    # from a planner driven directly, against the same broker.
     writer = topic_factory(2)
-    with pytest.raises(Exception, match=f"topic {writer.topic} partition 5 \\(it has 2 "
-                                        f"partition\\(s\\)\\) does not exist"):
-        kwatermark_batch(spark, broker, None,
-                         assign=json.dumps({writer.topic: [0, 5]})).collect()
-
-
-def test_stream_waiting_for_a_missing_topic_warns_once_then_rarely(broker, caplog):
-    # The warning is logged in Spark's driver-side Python process; the planner is driven
-    # directly here so the test can read it, against the real broker.
-    name = missing_topic_name(broker)
+    writer.send([Record(0, 1_000), Record(1, 2_000)])
+    assign = json.dumps({writer.topic: [0, 5]})
+    if read == "batch":
+        rows = kwatermark_batch(spark, broker, None, assign=assign).collect()
+    else:
+        rows = run_available_now(kwatermark_stream(spark, broker, None, assign=assign),
+                                 checkpoint)[0].rows
+    assert [(r["partition"], r["offset"]) for r in rows] == [(0, 0)]
     options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
-                             "subscribe": name})
+                             "assign": assign})
     planner = BatchPlanner(options, None, None)
     with caplog.at_level(logging.WARNING, logger="kwatermark.planner"):
+        for _ in range(3):
+            assert planner.assigned() == [(writer.topic, 0)]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "kwatermark.planner"]
+    assert warnings == [(f"option assign: topic {writer.topic} has no partition 5 on "
+                         f"kafka.bootstrap.servers={broker.bootstrap_servers!r}; the assigned "
+                         f"partitions that exist are read, and partition 5 from its earliest "
+                         f"offset if it is created")]
+
+
+def test_stream_subscribed_to_a_missing_topic_fails_naming_it(spark, broker, checkpoint):
+    # Spark's Kafka source fails such a query too (UnknownTopicOrPartitionException): a
+    # mistyped topic must not give a query that runs and reads nothing.
+    name = missing_topic_name(broker)
+    with pytest.raises(Exception, match=f"option subscribe: topic {name} does not exist on "
+                                        f"kafka.bootstrap.servers="):
+        run_available_now(kwatermark_stream(spark, broker, name), checkpoint)
+
+
+def test_a_subscribed_topic_deleted_while_the_stream_runs_is_warned_about_rarely(
+        broker, topic_factory, caplog):
+    # Only a topic the query has never read is an error when it starts; one that disappears
+    # later is data loss (failOnDataLoss, test_source.py) and a warning while it is gone.
+    # The planner is driven directly so the test can read the warning.
+    writer = topic_factory(1)
+    options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
+                             "subscribe": writer.topic})
+    planner = BatchPlanner(options, None, None)
+    first = planner.initial_offset()
+    assert list(first.partitions) == [(writer.topic, 0)]
+    broker.delete_topic(writer.topic)
+    with caplog.at_level(logging.WARNING, logger="kwatermark.planner"):
+        deadline = time.monotonic() + 30   # the deletion reaches the metadata soon after
+        while planner.assigned() and time.monotonic() < deadline:
+            time.sleep(0.2)
         for _ in range(5):
             assert planner.assigned() == []
     warnings = [r.getMessage() for r in caplog.records if r.name == "kwatermark.planner"]
-    assert warnings == [(f"option subscribe: topic {name} does not exist (yet) on "
+    assert warnings == [(f"option subscribe: topic {writer.topic} does not exist on "
                          f"kafka.bootstrap.servers={broker.bootstrap_servers!r}; nothing is "
                          f"read from it until it is created")]
-
-
-def test_stream_subscribed_to_a_missing_topic_reads_it_once_created(spark, broker,
-                                                                  checkpoint):
-    name = missing_topic_name(broker)
-    frame = kwatermark_stream(spark, broker, name)
-    first, _ = run_available_now(frame, checkpoint)
-    assert first.rows == []
-    writer = TopicWriter(broker, broker.create_topic(1, name=name))
-    writer.send([Record(0, 1_000), Record(0, 2_000)])
-    second, _ = run_available_now(frame, checkpoint)
-    assert [r["offset"] for r in second.rows] == [0, 1]
 
 
 # -- 3. a wrong address --------------------------------------------------------------------
@@ -145,46 +170,44 @@ def test_librdkafka_lines_are_rate_limited(caplog, monkeypatch):
 ORDER = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"}]}
 
 
-def test_avro_confluent_defaults_to_the_topic_name_strategy_subject(spark, broker,
-                                                                    topic_factory):
+def test_avro_confluent_defaults_to_the_topic_name_strategy_subject(
+        spark, broker, topic_factory, schema_registry):
     writer = topic_factory(1)
-    with FakeSchemaRegistry() as registry:
-        client = SchemaRegistryClient({"url": registry.url})
-        serialize = AvroSerializer(client, json.dumps(ORDER))  # registers <topic>-value
-        ctx = SerializationContext(writer.topic, MessageField.VALUE)
-        writer.send([Record(0, 1_000, serialize({"id": i}, ctx)) for i in (1, 2)])
-        for subscription in ({"subscribe": writer.topic},
-                             {"assign": json.dumps({writer.topic: [0]})}):
-            rows = kwatermark_batch(spark, broker, None,
-                                    **{"value.format": "avro-confluent",
-                                       "value.schema.registry.url": registry.url},
-                                    **subscription).collect()
-            assert [r["value_decoded"]["id"] for r in rows] == [1, 2]
-        assert f"/subjects/{writer.topic}-value/versions/latest" in registry.requests
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    serialize = AvroSerializer(client, json.dumps(ORDER))  # registers <topic>-value
+    ctx = SerializationContext(writer.topic, MessageField.VALUE)
+    writer.send([Record(0, 1_000, serialize({"id": i}, ctx)) for i in (1, 2)])
+    # No reader schema and no subject option: only <topic>-value can give the type.
+    for subscription in ({"subscribe": writer.topic},
+                         {"assign": json.dumps({writer.topic: [0]})}):
+        rows = kwatermark_batch(spark, broker, None,
+                                **{"value.format": "avro-confluent",
+                                   "value.schema.registry.url": schema_registry.url},
+                                **subscription).collect()
+        assert [r["value_decoded"]["id"] for r in rows] == [1, 2]
 
 
-def test_avro_confluent_without_a_derivable_subject_names_the_options(spark, broker,
-                                                                      topic_factory):
+def test_avro_confluent_without_a_derivable_subject_names_the_options(
+        spark, broker, topic_factory, schema_registry):
     a, b = topic_factory(1), topic_factory(1)
-    with FakeSchemaRegistry() as registry:
-        for subscription in ({"subscribe": f"{a.topic},{b.topic}"},
-                             {"subscribePattern": "t-.*"}):
-            with pytest.raises(Exception, match="set value.avro.readerSchema, "
-                                                "value.avro.schema or "
-                                                "value.schema.registry.subject"):
-                kwatermark_batch(spark, broker, None,
-                                 **{"value.format": "avro-confluent",
-                                    "value.schema.registry.url": registry.url},
-                                 **subscription).collect()
+    for subscription in ({"subscribe": f"{a.topic},{b.topic}"},
+                         {"subscribePattern": "t-.*"}):
+        with pytest.raises(Exception, match="set value.avro.readerSchema, "
+                                            "value.avro.schema or "
+                                            "value.schema.registry.subject"):
+            kwatermark_batch(spark, broker, None,
+                             **{"value.format": "avro-confluent",
+                                "value.schema.registry.url": schema_registry.url},
+                             **subscription).collect()
 
 
-def test_avro_confluent_default_subject_missing_names_it(spark, broker, topic_factory):
+def test_avro_confluent_default_subject_missing_names_it(spark, broker, topic_factory,
+                                                         schema_registry):
     writer = topic_factory(1)
-    with FakeSchemaRegistry() as registry, pytest.raises(
-            Exception, match=f"'{writer.topic}-value': Confluent's TopicNameStrategy"):
+    with pytest.raises(Exception, match=f"'{writer.topic}-value': Confluent's TopicNameStrategy"):
         kwatermark_batch(spark, broker, writer.topic,
                          **{"value.format": "avro-confluent",
-                            "value.schema.registry.url": registry.url}).collect()
+                            "value.schema.registry.url": schema_registry.url}).collect()
 
 
 # -- 6. error texts ------------------------------------------------------------------------

@@ -194,3 +194,83 @@ def test_after_a_restart_the_join_follows_an_input_that_reads_nothing_new(
     assert sorted(int(bytes(r["key"])[1:]) for r in got.rows if r["kind"] == "left_only") \
         == sorted(left_only)
     assert collections.Counter(r["kind"] for r in got.rows) == {"match": 5, "left_only": 3}
+
+
+def behind_their_own_stream(count: int = 150, keys: int = 7):
+    """Left: one partition, one record a second, but every tenth (i % 10 == 7) comes 2.7 s
+    behind the record before it: behind its own stream's watermark (bounded, 1 s). Right: two
+    partitions, partition 1 30 s behind partition 0, so the right stream holds the combined
+    watermark far below those left rows."""
+    left = [Record(0, T0 + (i - 3) * 1_000 + 300 if i % 10 == 7 else T0 + i * 1_000,
+                   key=b"k%d" % (i % keys)) for i in range(count)]
+    right = [Record(0, T0 + j * 1_000 + 400, key=b"k%d" % (j % keys)) for j in range(count)]
+    right += [Record(1, T0 + j * 1_000 - 30_000 + 600, key=b"k%d" % ((j + 3) % keys))
+              for j in range(count)]
+    return left, right
+
+
+def test_a_row_behind_its_own_stream_but_above_the_combined_watermark_meets_every_partner(
+        spark, broker, topic_factory, tmp_path):
+    """Flink's interval join judges a row late by the operator's watermark, the lower of the
+    two streams': a row above it still meets every partner, as the partners are held until
+    that watermark passes their expiry. With a small read limit the left stream's own
+    watermark passes its out-of-order rows while the lagging right stream holds the
+    combined one far below them: every true pair must come out, none of them late."""
+    lefts, rights = topic_factory(1), topic_factory(2)
+    left, right = behind_their_own_stream()
+    lefts.send(left)
+    rights.send(right)
+    bounded = {"watermark__strategy": "bounded", "watermark__maxOutOfOrderness": "1 second",
+               "maxOffsetsPerTrigger": "50"}
+    joined = interval_join(stream(spark, broker, lefts.topic, **bounded),
+                           stream(spark, broker, rights.topic, **bounded), on=["key"],
+                           lower="-5 seconds", upper="5 seconds", how="inner")
+    got = run(joined, str(tmp_path / "checkpoint"), Collected())
+
+    left_at, right_at = offsets(lefts.produced), offsets(rights.produced)
+    truth = {(lp, rp) for lp, lr in left_at.items() for rp, rr in right_at.items()
+             if lr.key == rr.key and lr.timestamp - 5_000 <= rr.timestamp <= lr.timestamp + 5_000}
+    assert len(truth) > 300
+
+    def at(row, side):
+        return (row[f"{side}_partition"], row[f"{side}_offset"])
+
+    matches = collections.Counter((at(r, "left"), at(r, "right")) for r in got.rows
+                                  if r["kind"] == "match")
+    late = [at(r, "left" if r["left_offset"] is not None else "right") for r in got.rows
+            if r["kind"] == "late"]
+    assert late == [] and matches == collections.Counter(truth)
+    # The case is the one meant: out-of-order left rows matched while their own stream's
+    # watermark (their row's) was at or above their event time.
+    behind = {at(r, "left") for r in got.rows if r["kind"] == "match"
+              and epoch_ms(r["left_watermark"]) is not None
+              and epoch_ms(r["left_watermark"]) >= epoch_ms(r["left_event_time"])}
+    assert len(behind) >= 10 and all(i % 10 == 7 for _, i in behind)
+
+
+def test_dedup_of_two_streams_judges_a_row_by_the_lower_watermark(
+        spark, broker, topic_factory, tmp_path):
+    """Deduplicating two streams together, a row is late only at or below the lower of their
+    watermarks (the operator's), not its own stream's: a re-sent record out of order within
+    its own stream, above the lagging other stream's watermark, is recognised as the duplicate
+    it is, not emitted as `late`."""
+    ahead, lagging = topic_factory(1), topic_factory(2)
+    # Every tenth record of `ahead` re-sends the event 3 s before it, 300 ms later: behind
+    # its own stream's watermark (bounded, 1 s). `lagging`'s partition 1 runs 30 s behind.
+    ahead.send([Record(0, T0 + (i - 3) * 1_000 + 300, key=b"e%d" % (i - 3)) if i % 10 == 7
+                else Record(0, T0 + i * 1_000, key=b"e%d" % i) for i in range(150)])
+    lagging.send([Record(p, T0 + j * 1_000 - 30_000 * p + 500, key=b"u%d-%d" % (p, j))
+                  for j in range(150) for p in range(2)])
+    bounded = {"watermark__strategy": "bounded", "watermark__maxOutOfOrderness": "1 second",
+               "maxOffsetsPerTrigger": "50"}
+    unique = drop_duplicates([stream(spark, broker, ahead.topic, **bounded),
+                              stream(spark, broker, lagging.topic, **bounded)],
+                             ["key"], within="5 seconds")
+    got = run(unique, str(tmp_path / "checkpoint"), Collected())
+
+    keys = {r.key for r in ahead.produced + lagging.produced}
+    assert len(ahead.produced) - len({r.key for r in ahead.produced}) == 15
+    assert collections.Counter(r["kind"] for r in got.rows) == {"first": len(keys)}
+    assert collections.Counter(bytes(r["key"]) for r in got.rows) == collections.Counter(keys)
+    resent = [r for r in got.rows if r["topic"] == ahead.topic and r["offset"] % 10 == 7]
+    assert resent == []                       # each re-send dropped as the duplicate it is

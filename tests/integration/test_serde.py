@@ -13,7 +13,6 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from tests.support.kafka import Record
-from tests.support.registry import FakeSchemaRegistry
 from tests.support.streams import (
     Batches,
     kwatermark_batch,
@@ -79,20 +78,19 @@ def test_avro_value_and_string_key_decoded(spark, broker, topic_factory):
 
 
 def test_confluent_avro_written_by_confluents_serializer_with_evolution(
-        spark, broker, topic_factory):
+        spark, broker, topic_factory, schema_registry):
     writer = topic_factory(1)
     old_schema = {"type": "record", "name": "Order", "fields": ORDER["fields"][:2]}
-    with FakeSchemaRegistry() as registry:
-        client = SchemaRegistryClient({"url": registry.url})
-        serialize = AvroSerializer(client, json.dumps(old_schema))
-        ctx = SerializationContext(writer.topic, MessageField.VALUE)
-        writer.send([Record(0, 1_000, serialize({"id": i, "at": 1_000 * i}, ctx))
-                     for i in range(1, 4)])
-        rows = kwatermark_batch(spark, broker, writer.topic,
-                                **{"value.format": "avro-confluent",
-                                   "value.schema.registry.url": registry.url,
-                                   "value.avro.readerSchema": json.dumps(ORDER),
-                                   "eventTime.field": "at"}).collect()
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    serialize = AvroSerializer(client, json.dumps(old_schema))
+    ctx = SerializationContext(writer.topic, MessageField.VALUE)
+    writer.send([Record(0, 1_000, serialize({"id": i, "at": 1_000 * i}, ctx))
+                 for i in range(1, 4)])
+    rows = kwatermark_batch(spark, broker, writer.topic,
+                            **{"value.format": "avro-confluent",
+                               "value.schema.registry.url": schema_registry.url,
+                               "value.avro.readerSchema": json.dumps(ORDER),
+                               "eventTime.field": "at"}).collect()
     # Written with the old schema, read with the new one: the added field takes its default.
     assert [(r["value_decoded"]["id"], r["value_decoded"]["note"]) for r in rows] == [
         (1, None), (2, None), (3, None)]

@@ -11,6 +11,13 @@ The reply, per case and format: the rows in Spark's Kafka columns (binary as hex
 as epoch microseconds, headers as ``[[key, hex-or-null], ...]`` or null), sorted; the
 schema of those columns (``StructType.jsonValue()``); for streams the row count of every
 micro-batch; or the error, so one failing case does not hide the others.
+
+A stream case may instead give ``"steps"``, run in order for each format on one checkpoint:
+``{"run": true}`` (an AvailableNow run), ``{"delete": topic}``, ``{"create": topic,
+"partitions": n}`` (retried while the broker still deletes a topic of that name),
+``{"produce": topic, "records": [[partition, timestamp ms, key, value], ...]}``. ``{fmt}``
+in the options' values and the steps' topics stands for the format, so each format gets
+topics of its own. Its reply has ``"runs"``: each run's rows and batches, or its error.
 """
 
 from __future__ import annotations
@@ -80,15 +87,73 @@ def read_stream(spark, fmt: str, options: dict, checkpoint: str) -> dict:
             "batches": [len(b) for b in batches]}
 
 
+def for_format(value, fmt: str):
+    return value.replace("{fmt}", fmt) if isinstance(value, str) else value
+
+
+def admin_step(bootstrap: str, step: dict, fmt: str) -> None:
+    """Delete, create or produce to a topic between two runs of a stream case."""
+    from confluent_kafka import KafkaException, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    if "delete" in step:
+        for future in admin.delete_topics([for_format(step["delete"], fmt)]).values():
+            future.result(30)
+    elif "create" in step:
+        topic = NewTopic(for_format(step["create"], fmt), step["partitions"], 1)
+        deadline = time.monotonic() + 60
+        while True:  # a deleted topic's name is free only once the broker has removed it
+            try:
+                for future in admin.create_topics([topic]).values():
+                    future.result(30)
+                break
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    else:
+        producer = Producer({"bootstrap.servers": bootstrap})
+        for partition, timestamp, key, value in step["records"]:
+            producer.produce(for_format(step["produce"], fmt), partition=partition,
+                             timestamp=timestamp, key=key.encode(), value=value.encode())
+        assert producer.flush(30) == 0, "records not delivered"
+
+
+def run_steps(spark, request: dict, case: dict, fmt: str, options: dict) -> dict:
+    runs = []
+    checkpoint = os.path.join(request["checkpoints"], f"{case['name']}-{fmt}")
+    for step in case["steps"]:
+        if not step.get("run"):
+            admin_step(request["bootstrap"], step, fmt)
+            continue
+        for _attempt in (1, 2):  # a second attempt resumes from the checkpoint
+            try:
+                got = read_stream(spark, fmt, options, checkpoint)
+                break
+            except Exception as exc:  # noqa: BLE001 - reported to the test, which asserts
+                got = {"error": f"{type(exc).__name__}: {exc}"[:6000]}
+                if WORKER_DID_NOT_CONNECT not in str(exc):  # see main()
+                    break
+        runs.append(got)
+    return {"runs": runs}
+
+
 def main() -> None:
     request, reply = child_io()
     spark = baseline_session("kwatermark-dropin")
     results: dict[str, dict] = {}
     for case in request["cases"]:
-        options = {"kafka.bootstrap.servers": request["bootstrap"], **case["options"]}
         results[case["name"]] = {}
         for fmt in case.get("formats", ["kafka", "kwatermark"]):
+            options = {"kafka.bootstrap.servers": request["bootstrap"],
+                       **{k: for_format(v, fmt) for k, v in case["options"].items()}}
             started = time.perf_counter()
+            if "steps" in case:
+                got = run_steps(spark, request, case, fmt, options)
+                got["seconds"] = round(time.perf_counter() - started, 1)
+                results[case["name"]][fmt] = got
+                continue
             for attempt in (1, 2):
                 try:
                     if case["mode"] == "batch":

@@ -5,8 +5,10 @@ and Maven Central serves it only up to 4.2.0 (4.2.1 and 4.3.0 are missing there)
 project's venv runs PySpark 4.3. So the baseline runs in an interpreter of its own: a venv with
 ``pyspark==BASELINE_PYSPARK`` and kwatermark installed editable from this repository, created
 on demand under ``~/.cache/kwatermark`` (pip's cache makes that about a minute once). Spark
-Kafka's jars are added the way Spark users add them: ``spark.jars.packages``, resolved by
-Spark's Ivy from Maven Central into the same cache (``spark.jars.ivy``).
+Kafka's jars are handed to Spark with ``spark.jars``, as Spark's Kafka guide deploys them
+without ``packages`` (the connector, its token provider, kafka-clients, commons-pool2): the
+machine's ``mvn`` resolves them once into the same cache, with the user's Maven settings
+(``kwatermark.sparkkafka``, product code the demo uses too).
 
 Use from a test or a benchmark (any interpreter)::
 
@@ -40,56 +42,33 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-# The newest Spark whose spark-sql-kafka Maven Central serves (checked with
-# `mvn dependency:get`: 4.2.0 found, 4.2.1 and 4.3.0 missing). PyPI has pyspark 4.2.0 too, so
-# the baseline compares Spark's source and ours on one Spark version, as the issue requires.
-BASELINE_PYSPARK = "4.2.0"
-SPARK_KAFKA_VERSION = BASELINE_PYSPARK
+from kwatermark.maven import cache_root
+from kwatermark.sparkkafka import SPARK_KAFKA_VERSION, kafka_jars, kafka_package
+
+# The newest Spark whose spark-sql-kafka Maven Central serves (4.2.0 found, 4.2.1 and 4.3.0
+# missing). PyPI has pyspark 4.2.0 too, so the baseline compares Spark's source and ours on
+# one Spark version, as the issue requires.
+BASELINE_PYSPARK = SPARK_KAFKA_VERSION
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-
-def cache_root() -> Path:
-    """Where the baseline venvs and Ivy's jars live (outside every work tree)."""
-    return Path(os.environ.get("KWATERMARK_CACHE", Path.home() / ".cache" / "kwatermark"))
-
-
-def kafka_package(version: str = SPARK_KAFKA_VERSION) -> str:
-    """The Maven coordinate Spark users put in ``spark.jars.packages``."""
-    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
+def spark_package(module: str, version: str = SPARK_KAFKA_VERSION) -> str:
+    """The coordinate of another of Spark's external modules, e.g. ``spark-avro`` or
+    ``spark-protobuf`` (for ``extra_packages``)."""
+    return f"org.apache.spark:{module}_2.13:{version}"
 
 
-# Spark's default Ivy chain looks in ~/.m2 first and takes a module whose pom it finds
-# there, then fails when the jar beside it is missing (Maven leaves such poms behind, e.g.
-# the broker's resolution: "NOT FOUND lz4-java-1.11.0.jar ... local-m2-cache"). Resolving
-# from Maven Central alone, into Ivy's own cache, does not depend on what ~/.m2 holds.
-_IVY_SETTINGS = """<ivysettings>
-  <settings defaultResolver="central"/>
-  <resolvers>
-    <ibiblio name="central" m2compatible="true" root="https://repo1.maven.org/maven2/"/>
-  </resolvers>
-</ivysettings>
-"""
-
-
-def ivy_settings() -> Path:
-    """An Ivy settings file (``spark.jars.ivySettings``) that resolves from Maven Central."""
-    path = cache_root() / "ivysettings-central.xml"
-    if not path.exists() or path.read_text() != _IVY_SETTINGS:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}")
-        tmp.write_text(_IVY_SETTINGS)
-        os.replace(tmp, path)  # readers never see half a file
-    return path
-
-
-def spark_kafka_conf(version: str = SPARK_KAFKA_VERSION) -> dict[str, str]:
-    """Spark config that adds Spark's Kafka source: the package, resolved from Maven
-    Central into Ivy's cache under :func:`cache_root` (every run after the first is
-    offline)."""
-    return {"spark.jars.packages": kafka_package(version),
-            "spark.jars.ivySettings": str(ivy_settings()),
-            "spark.jars.ivy": str(cache_root() / "ivy")}
+def spark_kafka_conf(version: str = SPARK_KAFKA_VERSION,
+                     extra_packages: tuple[str, ...] = ()) -> dict[str, str]:
+    """Spark config that adds Spark's Kafka source: ``spark.jars``, the connector's jars
+    resolved by the machine's ``mvn`` into :func:`cache_root` (``kwatermark.sparkkafka``;
+    every run after the first is offline). ``extra_packages`` (Maven coordinates, e.g. the
+    benchmarks' spark-avro) go to ``spark.jars.packages``, resolved by Spark's own default
+    chain."""
+    conf = {"spark.jars": ",".join(kafka_jars(version))}
+    if extra_packages:
+        conf["spark.jars.packages"] = ",".join(extra_packages)
+    return conf
 
 
 def baseline_venv(pyspark_version: str = BASELINE_PYSPARK) -> Path:
@@ -207,9 +186,11 @@ def child_io() -> tuple[Any, Callable[[Any], None]]:
 
 
 def baseline_session(app: str = "kwatermark-baseline", master: str = "local[2]",
-                     conf: Mapping[str, str] | None = None):
+                     conf: Mapping[str, str] | None = None,
+                     extra_packages: tuple[str, ...] = ()):
     """A SparkSession with Spark's Kafka source on its classpath (``format("kafka")``) and
-    kwatermark discovered (``format("kwatermark")``), UTC, no UI. Extra ``conf`` wins."""
+    kwatermark discovered (``format("kwatermark")``), UTC, no UI. Extra ``conf`` wins;
+    ``extra_packages`` (e.g. :func:`spark_package` ``("spark-avro")``) join Kafka's."""
     from pyspark.sql import SparkSession
 
     builder = (SparkSession.builder.master(master).appName(app)
@@ -218,7 +199,8 @@ def baseline_session(app: str = "kwatermark-baseline", master: str = "local[2]",
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.driver.memory", "2g"))
-    for key, value in {**spark_kafka_conf(), **dict(conf or {})}.items():
+    for key, value in {**spark_kafka_conf(extra_packages=extra_packages),
+                       **dict(conf or {})}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
@@ -241,7 +223,7 @@ def prepare(pyspark_version: str = BASELINE_PYSPARK) -> str:
                           env=child_env(python), cwd=str(REPO_ROOT), timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"Spark's Kafka source could not be prepared "
-                           f"({kafka_package()} through spark.jars.packages):\n"
+                           f"({kafka_package()} through spark.jars):\n"
                            f"{done.stdout[-2000:]}{done.stderr[-4000:]}")
     spark_version, package = done.stdout.split()[-2:]
     return f"baseline: pyspark {spark_version} ({python}) with {package}"

@@ -78,7 +78,14 @@ def test_interval_join_matches_the_brute_force_oracle(spec, raw):
             emitted.append((batch, e))
     final = marks[6]
 
-    on_time = [s for _, s in rows if not is_late(s.t, s.watermark)]
+    # Late as Flink judges it: by the operator's watermark at the row's batch (the lower of
+    # the two inputs'), not the row's own input's.
+    batch_of = {s.payload: b for b, s in rows}
+
+    def late(s):
+        return s.t is None or (s.watermark is not None and s.t <= marks[batch_of[s.payload]])
+
+    on_time = [s for _, s in rows if not late(s)]
     lefts = [s for s in on_time if s.side == LEFT]
     rights = [s for s in on_time if s.side == RIGHT]
     truth = collections.Counter((l.payload, r.payload) for l in lefts for r in rights
@@ -96,9 +103,8 @@ def test_interval_join_matches_the_brute_force_oracle(spec, raw):
         by_payload = {s.payload: s for _, s in rows}
         for batch, payload in out:   # never early: the watermark of that batch forbade a match
             assert last_chance(spec, side, by_payload[payload].t) <= marks[batch]
-    late = sorted(s.payload for _, s in rows if is_late(s.t, s.watermark))
     assert sorted((e.left if e.left is not None else e.right) for _, e in emitted
-                  if e.kind == LATE) == late
+                  if e.kind == LATE) == sorted(s.payload for _, s in rows if late(s))
     assert all(last_chance(spec, h.side, h.t) > final for h in key.rows)   # state released
 
 
@@ -130,13 +136,49 @@ def test_dedup_matches_the_brute_force_oracle(within, raw):
 
 def test_unmatchable_rows_come_out_at_once_for_kept_sides():
     spec = JoinSpec(0, 10, "left")
-    rows = [Side(LEFT, 5, None, "l"), Side(RIGHT, 5, None, "r"), Side(RIGHT, 1, 3, "late")]
-    assert [(e.kind, e.left, e.right) for e in unmatchable(spec, rows)] == \
-        [(LEFT_ONLY, "l", None), (LATE, None, "late")]
+    rows = [Side(LEFT, 5, None, "l"), Side(RIGHT, 5, None, "r"), Side(RIGHT, 1, 3, "late"),
+            Side(LEFT, 3, 4, "behind its own")]
+    assert [(e.kind, e.left, e.right) for e in unmatchable(spec, rows, 2)] == \
+        [(LEFT_ONLY, "l", None), (LATE, None, "late"), (LEFT_ONLY, "behind its own", None)]
 
 
-def test_spec_refuses_an_empty_interval_and_an_unknown_how():
+def test_a_row_behind_its_own_watermark_but_above_the_joins_meets_a_held_partner():
+    # Flink's rule: the left row at 5 is behind its own stream's watermark (8), but the join's
+    # (the lower of the two streams', 2) is below it, and its partner is still held.
+    spec = JoinSpec(-1, 1, "inner")
+    key = KeyJoin()
+    assert key.apply(spec, [Side(RIGHT, 6, 2, "r")], 2) == []
+    assert [(e.kind, e.left, e.right) for e in key.apply(spec, [Side(LEFT, 5, 8, "l")], 2)] \
+        == [(MATCH, "l", "r")]
+    assert [e.kind for e in key.apply(spec, [Side(LEFT, 2, 8, "at W")], 2)] == [LATE]
+
+
+# Spark's names for the four join types (JoinType.apply), case-insensitive; written by hand.
+@pytest.mark.parametrize("name, how", [
+    ("inner", "inner"), ("INNER", "inner"),
+    ("left_outer", "left"), ("leftouter", "left"), ("left", "left"), ("LEFT_OUTER", "left"),
+    ("LeftOuter", "left"),
+    ("right_outer", "right"), ("rightouter", "right"), ("right", "right"), ("Right", "right"),
+    ("full_outer", "full"), ("fullouter", "full"), ("full", "full"), ("outer", "full"),
+    ("FULL_OUTER", "full"), ("Outer", "full"),
+])
+def test_how_takes_sparks_join_type_names(name, how):
+    assert JoinSpec(0, 1, name).how == how
+    assert JoinSpec(0, 1, name).keeps_unmatched(LEFT) == (how in ("left", "full"))
+    assert JoinSpec(0, 1, name).keeps_unmatched(RIGHT) == (how in ("right", "full"))
+
+
+@pytest.mark.parametrize("name", ["left_semi", "anti", "cross", "lefty", "", "left outer"])
+def test_how_refuses_other_names_listing_sparks(name):
+    with pytest.raises(JoinError) as info:
+        JoinSpec(0, 1, name)
+    text = str(info.value)
+    assert text.startswith("interval_join: how must be one of Spark's join types inner, "
+                           "left_outer, leftouter, left, right_outer, rightouter, right, "
+                           "full_outer, fullouter, full, outer (case-insensitive), got ")
+    assert text.endswith(repr(name))
+
+
+def test_spec_refuses_an_empty_interval():
     with pytest.raises(JoinError, match="lower"):
         JoinSpec(5, 1)
-    with pytest.raises(JoinError, match="how"):
-        JoinSpec(0, 1, "outer")

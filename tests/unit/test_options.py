@@ -157,6 +157,40 @@ def test_subscribe_pattern_and_topic_lists():
                          ).subscription.topics == ("a", "b", "c")
 
 
+# Spark's default offset reader (SubscribePatternStrategy over Admin.listTopics()) keeps a
+# topic when the pattern is *found* in its name (Scala's findFirstIn, Java's Matcher.find());
+# Kafka's internal topics are never listed. Expected values written from that rule by hand.
+@pytest.mark.parametrize("pattern, topic, selected", [
+    ("orders-(ct|lat)", "orders-ct", True),
+    ("orders-(ct|lat)", "orders-lat", True),
+    ("orders-(ct|lat)", "orders-ct-x", True),          # found in a part of the name
+    ("orders-(ct|lat)", "old-orders-lat", True),
+    ("orders-(ct|lat)", "orders-c", False),
+    ("^orders-(ct|lat)$", "orders-ct-x", False),       # anchors ask for the whole name
+    ("^orders-(ct|lat)$", "orders-ct", True),
+    ("ev.*", "events", True),
+    ("ev.*", "prev", True),
+    ("x", "events", False),
+    (".*", "__consumer_offsets", False),               # internal topics never
+    ("transaction", "__transaction_state", False),
+    ("share", "__share_group_state", False),
+    ("^__", "__remote_log_metadata", True),            # "__" alone does not make one internal
+    ("(?i)EVENTS", "events", True),
+])
+def test_subscribe_pattern_selects_a_topic_as_spark_does(pattern, topic, selected):
+    subscription = parse_options({"kafka.bootstrap.servers": "b:1",
+                                  "subscribePattern": pattern}).subscription
+    assert subscription.selects(topic) is selected
+
+
+@pytest.mark.parametrize("java", [r"\Qa.b\E", r"\p{Alpha}+", r"[a-z&&[^x]]", r"(?<n>ev)",
+                                  r"events\z"])
+def test_a_java_only_pattern_construct_fails_naming_the_option_and_the_syntax(java):
+    text = option_error({"kafka.bootstrap.servers": "b:1", "subscribePattern": java})
+    assert text.startswith(f"option subscribePattern: invalid regex {java!r}")
+    assert "Python re syntax" in text and "docs/options.md" in text
+
+
 def test_starting_by_timestamp_forms():
     assert parse(startingTimestamp="1700000000000").starting == OffsetBound(
         "timestamp", timestamp=1_700_000_000_000)

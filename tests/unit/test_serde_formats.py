@@ -22,7 +22,8 @@ AVRO_LONG = '"long"'
 
 
 def test_formats_are_the_documented_ones():
-    assert FORMATS == ("binary", "string", "json", "avro", "avro-confluent")
+    assert FORMATS == ("binary", "string", "json", "avro", "avro-confluent",
+                       "protobuf-confluent", "json-schema-confluent")
 
 
 @pytest.mark.parametrize("options", [{}, {"value.format": "binary"}, {"VALUE.FORMAT": "Binary"}])
@@ -121,6 +122,8 @@ def test_string_deserializer_is_picklable():
     "kwatermark.serde.avro",
     "kwatermark.serde.registry",
     "kwatermark.serde.formats",
+    "kwatermark.serde.protobuf",
+    "kwatermark.serde.jsonschema",
 ])
 def test_docstring_examples_run(module):
     result = doctest.testmod(importlib.import_module(module))
@@ -154,3 +157,9 @@ def test_a_format_without_its_required_option_names_it(fmt, message):
     with pytest.raises(SerdeError) as failure:
         make_deserializer("value", {"value.format": fmt})
     assert str(failure.value) == message
+
+
+def test_the_source_accepts_every_serde_format():
+    from kwatermark.options import FORMATS as SOURCE_FORMATS
+
+    assert SOURCE_FORMATS == FORMATS
