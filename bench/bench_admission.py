@@ -45,6 +45,8 @@ sys.path.insert(0, BENCH_DIR)
 import common
 from run import log, start_spark
 
+from kwatermark.offsets import BatchOffset
+
 HOUR_MS = 3_600_000
 WINDOW = "1 minute"
 
@@ -165,8 +167,7 @@ def one_run(spark, broker: common.Broker, backlog_topic: str, args, aligned: boo
             if time.time() - started > 30 * 60:
                 raise RuntimeError("no catch-up within 30 minutes")
             for progress in query.recentProgress:
-                offset = json.loads(progress["sources"][0]["endOffset"] or "{}")
-                reached = {k: v["to"] for k, v in offset.get("partitions", {}).items()}
+                reached = _ends(progress)
                 if all(reached.get(k) == n for k, n in ends.items()):
                     done_batch = progress["batchId"]
                     break
@@ -185,18 +186,18 @@ def one_run(spark, broker: common.Broker, backlog_topic: str, args, aligned: boo
     dropped = sum(p["stateOperators"][0].get("numRowsDroppedByWatermark", 0)
                   for p in progresses if p["stateOperators"])
     held = sum(1 for p in progresses
-               if any(e["state"].get("held") for e in json.loads(
-                   p["sources"][0]["endOffset"])["partitions"].values()))
+               if any(r.state.held for r in BatchOffset.from_json(
+                   p["sources"][0]["endOffset"]).partitions.values()))
     total = args.records + args.lagging_records
     trace = []
     for p in progresses:
-        offset = json.loads(p["sources"][0]["endOffset"])
+        offset = BatchOffset.from_json(p["sources"][0]["endOffset"])
         trace.append({
             "batch": p["batchId"], "rows": p["numInputRows"],
-            "watermark": offset["watermark"],
-            "read": {k.split("-")[1]: [e["from"], e["to"]] + (["held"] if e["state"].get("held")
-                                                               else [])
-                     for k, e in offset["partitions"].items()},
+            "watermark": offset.watermark,
+            "read": {f"{t}:{n}".split("-")[1]: [r.start, r.end] + (["held"] if r.state.held
+                                                                   else [])
+                     for (t, n), r in sorted(offset.partitions.items())},
             "state_rows": p["stateOperators"][0]["numRowsTotal"] if p["stateOperators"] else 0,
             "ms": p["durationMs"]["triggerExecution"]})
     return {
@@ -213,9 +214,15 @@ def one_run(spark, broker: common.Broker, backlog_topic: str, args, aligned: boo
     }
 
 
-def _reached(progress: dict, key: str) -> int | None:
+def _ends(progress: dict) -> dict[str, int]:
+    """Each partition's ``to`` ("topic:p"): the endOffset's Spark's-Kafka-shaped part."""
     offset = json.loads(progress["sources"][0]["endOffset"] or "{}")
-    return offset.get("partitions", {}).get(key, {}).get("to")
+    return {f"{topic}:{p}": to for topic, parts in offset.items() if topic != "@kwatermark"
+            for p, to in parts.items()}
+
+
+def _reached(progress: dict, key: str) -> int | None:
+    return _ends(progress).get(key)
 
 
 def _epoch_s(timestamp: str) -> float:

@@ -17,6 +17,18 @@ first batch of each run is left out). Results go to ``bench/results/partitions.j
 
 Run: ``python bench/bench_partitions.py`` (about 10 minutes on 2 cores);
 ``--partitions 4,64 --rounds 1`` for a quick trial.
+
+``--scale`` (DESIGN §21, issue 36): thousands of partitions against Spark's own
+``format("kafka")``, in one SparkSession of the baseline interpreter (PySpark 4.2.0 with
+``spark-sql-kafka``, ``tests/support/sparkkafka.py``, as ``bench_dropin.py``): 4, 64, 512 and
+4,096 partitions, one topic and 16 topics through ``subscribePattern``, AvailableNow and a
+1 s trigger, the same records per micro-batch at every count. Per configuration: the
+micro-batch time (``triggerExecution``) of the warm batches, driver planning
+(``latestOffset``), ``addBatch``, the bytes of each offsets-log entry and progress event, and
+the peak RSS of the driver JVM (local mode: it runs the executors too), the planning Python
+process and the largest Python worker. Results: ``bench/results/partitions-scale.json``.
+``--scale --partitions 4,512 --kafka-max-partitions 512 --scale-records 24576`` is a quick
+trial.
 """
 
 from __future__ import annotations
@@ -54,6 +66,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="minRecordsPerPartition values to measure with packing on")
     parser.add_argument("--skip", default="", help="any of: off,ceiling")
     parser.add_argument("--results", default=RESULTS_DIR, help="output directory")
+    parser.add_argument("--scale", action="store_true",
+                        help="the thousands-of-partitions comparison with format('kafka')")
+    parser.add_argument("--scale-records", type=int, default=122_880,
+                        help="--scale: records per run, in three micro-batches")
+    parser.add_argument("--kafka-max-partitions", type=int, default=512,
+                        help="--scale: format('kafka') only up to this many partitions (one "
+                             "task per partition: minutes at 4,096)")
+    parser.add_argument("--triggers", default="availableNow,1 second",
+                        help="--scale: the triggers to run")
+    parser.add_argument("--pattern-partitions", default="64,512,4096",
+                        help="--scale: the partition counts also read as 16 topics through "
+                             "subscribePattern ('' for none)")
     return parser.parse_args(argv)
 
 
@@ -82,8 +106,151 @@ def planned_tasks(spark, fmt: str, options: dict[str, str], per_batch: int) -> i
     return len(reader.partitions(start, reader.latestOffset(start, ReadMaxRows(per_batch))))
 
 
+BOUNDS = """What bounds each figure (--scale):
+* micro-batch (triggerExecution): addBatch (the Spark tasks: kwatermark packs ranges into few
+  tasks, format("kafka") runs one per partition) + latestOffset + the offsets-log write
+  (walCommit) + Spark's own per-batch work (progress event, commit log);
+* driver planning (latestOffset): one ListOffsets round trip per broker for every partition
+  (librdkafka, one Python future per partition) plus kwatermark's fold of the last batch's
+  progress records (one ledger file per Spark task) and the per-partition state of the next
+  offset;
+* offsets-log entry: Spark's Kafka offsets (each partition's end) plus kwatermark's state
+  columns (DESIGN §21); the progress event carries startOffset + endOffset + latestOffset;
+* RSS: the driver JVM's peak (local[2]: executors are its threads) and the largest Python
+  process's (a worker reading a pack: its consumer and Arrow batches; on pyspark 4.2 the
+  planning process forks from pyspark.daemon and is counted there)."""
+
+
+def scale_main(args: argparse.Namespace) -> int:
+    """DESIGN §21: kwatermark against format("kafka") from 4 to 4,096 partitions."""
+    sys.path.insert(1, os.path.dirname(BENCH_DIR))  # tests.support.sparkkafka
+    import tempfile
+
+    from tests.support.sparkkafka import BASELINE_PYSPARK, kafka_package, run_baseline
+
+    counts = [int(n) for n in args.partitions.split(",")]
+    broker = common.Broker.open(args.bootstrap_servers, kind="kafka")
+    workspace = tempfile.mkdtemp(prefix="kwatermark-bench-scale-")
+    per_batch = -(-args.scale_records // 3)
+    cases = []
+    try:
+        log(f"broker {broker.kind} at {broker.bootstrap_servers}")
+        for n in counts:
+            patterned = {int(c) for c in args.pattern_partitions.split(",") if c}
+            shapes = [(1, "subscribe")] + ([(16, "subscribePattern")] if n in patterned
+                                           else [])
+            for topics, kind in shapes:
+                per_topic = n // topics
+                per_partition = -(-args.scale_records // n)
+                prefix = f"scale{n}x{topics}-{os.urandom(3).hex()}"
+                names = []
+                for t in range(topics):
+                    name = broker.create_topic(per_topic, prefix) if topics == 1 else \
+                        _named_topic(broker, f"{prefix}-{t:02d}", per_topic)
+                    common.produce_sequence(broker, name, per_topic, per_partition,
+                                            tail_flush_each=False)
+                    names.append(name)
+                formats = ["kwatermark"] + (["kafka"] if n <= args.kafka_max_partitions else [])
+                cases.append({
+                    "label": f"{n} partitions, {topics} topic{'s' if topics > 1 else ''}",
+                    "partitions": n, "kind": kind, "bootstrap": broker.bootstrap_servers,
+                    "topics": names[0] if topics == 1 else f"{prefix}-.*",
+                    "records": per_partition * n, "per_batch": -(-per_partition * n // 3),
+                    "formats": formats})
+                log(f"{cases[-1]['label']}: {per_partition * n:,} records produced")
+        request = {"workspace": workspace, "cases": cases, "rounds": args.rounds,
+                   "triggers": args.triggers.split(",")}
+        log(f"measuring in the baseline interpreter (PySpark {BASELINE_PYSPARK}, "
+            f"{kafka_package()}); its log: {workspace}/child.log")
+        reply = run_baseline(os.path.join(BENCH_DIR, "partitions_child.py"), request,
+                             timeout=7200, log_path=os.path.join(workspace, "child.log"))
+    finally:
+        broker.stop()
+    report = {"when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": common.machine_info(), "git": git_revision(),
+              "records_per_batch": per_batch, **reply}
+    os.makedirs(args.results, exist_ok=True)
+    path = os.path.join(args.results, "partitions-scale.json")
+    with open(path, "w") as out:
+        json.dump(report, out, indent=2, default=str)
+    print_scale(reply, counts)
+    print(BOUNDS)
+    if reply.get("error"):
+        print(f"\nthe measuring stopped early: {reply['error'][:800]}")
+    print(f"results: {path}")
+    return 0
+
+
+def _named_topic(broker, name: str, partitions: int) -> str:
+    from confluent_kafka.admin import NewTopic
+
+    admin = broker.admin()
+    for future in admin.create_topics([NewTopic(name, partitions, 1)],
+                                      operation_timeout=60).values():
+        future.result(120)
+    return name
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def print_scale(reply: dict, counts: list[int]) -> None:
+    """One line per configuration: medians over the warm batches (every data batch after
+    the run's first) of all rounds."""
+    rows: dict[tuple, dict[str, list]] = {}
+    memory: dict[tuple, dict[str, float]] = {}
+    for run in reply.get("runs", []):
+        key = (run["label"], run["trigger"], run["format"])
+        warm = run["batches"][1:] or run["batches"]
+        got = rows.setdefault(key, {})
+        for batch in warm:
+            for name, value in batch.items():
+                got.setdefault(name, []).append(value)
+        memory[key] = {k: run[k] for k in ("driver_jvm_mib", "planner_python_mib",
+                                            "worker_python_mib")}
+        memory[key]["load"] = run["load_avg"][0]
+    header = (f"{'configuration':<46}{'batch ms':>9}{'plan ms':>8}{'addBatch':>9}"
+              f"{'offsets B':>10}{'progress B':>11}{'JVM MiB':>8}{'plan MiB':>9}"
+              f"{'worker':>7}{'load':>6}")
+    print("\nmedians over the warm micro-batches (every data batch after a run's first)")
+    print(header)
+    medians = {}
+    for key in sorted(rows, key=lambda k: (k[1], int(k[0].split()[0]), k[0], k[2])):
+        got = rows[key]
+        m = {name: _median(got.get(name, [])) for name in
+             ("trigger_ms", "latest_offset_ms", "add_batch_ms", "offsets_entry_bytes",
+              "progress_bytes")}
+        medians[key] = m
+        mem = memory[key]
+        print(f"{' / '.join(key):<46}{m['trigger_ms'] or 0:>9.0f}"
+              f"{m['latest_offset_ms'] or 0:>8.0f}{m['add_batch_ms'] or 0:>9.0f}"
+              f"{m['offsets_entry_bytes'] or 0:>10.0f}{m['progress_bytes'] or 0:>11.0f}"
+              f"{mem['driver_jvm_mib']:>8.0f}{mem['planner_python_mib']:>9.0f}"
+              f"{mem['worker_python_mib']:>7.0f}{mem['load']:>6.1f}")
+    print("\nratios (targets: kwatermark at 4,096 within 1.5x of 4, at 512 within 1.3x; sizes "
+          "within 3x of format('kafka'))")
+    for (label, trigger, fmt), m in sorted(medians.items()):
+        if fmt != "kwatermark":
+            continue
+        base = medians.get(("4 partitions, 1 topic", trigger, "kwatermark"))
+        spark = medians.get((label, trigger, "kafka"))
+        parts = [f"{label} / {trigger}:"]
+        if base and base["trigger_ms"]:
+            parts.append(f"batch {m['trigger_ms'] / base['trigger_ms']:.2f}x of 4 partitions")
+        if spark and spark["trigger_ms"]:
+            parts.append(f"{spark['trigger_ms'] / m['trigger_ms']:.2f}x faster than kafka")
+            for name in ("offsets_entry_bytes", "progress_bytes"):
+                if spark[name]:
+                    parts.append(f"{name.split('_')[0]} {m[name] / spark[name]:.2f}x kafka's")
+        print("  " + ", ".join(parts))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.scale:
+        return scale_main(args)
     counts = [int(n) for n in args.partitions.split(",")]
     minimums = [int(n) for n in args.min_records.split(",")]
     skip = set(filter(None, args.skip.split(",")))

@@ -39,6 +39,8 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from kwatermark.offsets import BatchOffset
+
 T0 = 1_700_000_000_000     # event time 0 of the backlog scenario (a multiple of 10 s), epoch ms
 SIZE = 10_000              # tumbling windows of 10 s
 DELAY = "10 seconds"       # Spark's withWatermark delay
@@ -326,7 +328,7 @@ def _run_live(bootstrap: str, topic: str, per_partition: int, lag_ms: int, produ
         print(f"  wrote {len(produced.records)} records in {time.monotonic() - started:.0f} s")
         close = max(ts for _, _, ts, _ in produced.records)
         done = [lambda p: _spark_watermark(p) >= close - DELAY_MS,
-                lambda p: (json.loads(p["sources"][0]["endOffset"]).get("watermark") or 0)
+                lambda p: (BatchOffset.from_json(p["sources"][0]["endOffset"]).watermark or 0)
                 >= close - 1]
         ended = time.monotonic()
         for query, (_, route), finished in zip(running, queries, done):
@@ -356,12 +358,10 @@ def _batches(route: Route) -> int:
 
 
 def _ends(progress: dict, topic: str) -> dict[int, int]:
-    """Each partition's end offset after a batch, from either source's offset JSON."""
+    """Each partition's end offset after a batch: both sources' offsets have Spark's Kafka
+    shape, ``{"topic": {"0": end}}`` (kwatermark's state sits beside it)."""
     offset = json.loads(progress["sources"][0]["endOffset"])
-    if "partitions" in offset:                                   # kwatermark's
-        return {int(key.rsplit(":", 1)[1]): part["to"]
-                for key, part in offset["partitions"].items()}
-    return {int(p): end for p, end in offset[topic].items()}     # format("kafka")'s
+    return {int(p): end for p, end in offset[topic].items()}
 
 
 def _batch_of(route: Route, produced: Produced, topic: str) -> dict[tuple[int, int], dict]:
@@ -437,20 +437,20 @@ def _print_kw_batches(route: Route, options: dict, t0: int) -> None:
                                             and progress["batchId"] not in route.rows):
             continue  # a trigger that ran no batch, or a batch run again after a restart
         shown.add(progress["batchId"])
-        offset = json.loads(progress["sources"][0]["endOffset"])
+        offset = BatchOffset.from_json(progress["sources"][0]["endOffset"])
         read, marks = [], []
         for p in range(PARTITIONS):
-            part = offset["partitions"][f"{options['subscribe']}:{p}"]
-            state = part["state"]
-            mark = max(current_ms(restore_generator(config, state["gen"])),
-                       from_optional(state.get("advanced")))
-            read.append(str(part["to"] - part["from"]))
+            part = offset.partitions[(options["subscribe"], p)]
+            state = part.state
+            mark = max(current_ms(restore_generator(config, state.generator)),
+                       from_optional(state.advanced_ms))
+            read.append(str(part.end - part.start))
             marks.append(_s(to_optional(mark), t0))
         kinds = collections.Counter(r["kind"] for r in route.rows.get(progress["batchId"], []))
         out = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "-"
         print(f"{progress['batchId']:>5}  {'/'.join(read):>13}"
               + "".join(f"{m:>12}" for m in marks)
-              + f"  {_s(offset.get('watermark'), t0):>11}  {out}")
+              + f"  {_s(offset.watermark, t0):>11}  {out}")
 
 
 def _print_side_by_side(produced: Produced, spark_route: Route, kw_route: Route, topic: str,

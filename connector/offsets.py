@@ -1,9 +1,9 @@
 """The offset Spark checkpoints, and the pure arithmetic of planning a batch (DESIGN §4).
 
-An offset is ``{"v": 1, "watermark": W, "partitions": {"topic:p": {"from": s, "to": e,
-"state": {...}}}}``: the batch reads ``[from, to)`` of each partition starting from ``state``
-(the partition's generator and idle state at ``from``), and ``watermark`` is the combined
-watermark at the batch start: the floor of every row's watermark in the batch.
+An offset is a :class:`BatchOffset`: the batch reads ``[from, to)`` of each partition starting
+from ``state`` (the partition's generator and idle state at ``from``), and ``watermark`` is the
+combined watermark at the batch start: the floor of every row's watermark in the batch. Its
+JSON (Spark's Kafka offsets plus the state, compactly) is ``kwatermark.offset_layout``'s.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from kwatermark.errors import KWatermarkError
 
-OFFSET_VERSION = 1
+OFFSET_VERSION = 1   # the layout of PartitionState.to_json (keys progress records)
 
 TopicPartition = tuple[str, int]
 
@@ -129,60 +129,30 @@ class BatchOffset:
     holder: TopicPartition | None = None
 
     def to_json(self) -> dict:
-        partitions = {}
-        for tp, r in sorted(self.partitions.items()):
-            entry = {"from": r.start, "to": r.end, "state": r.state.to_json()}
-            if r.lag is not None:
-                entry["lag"] = r.lag.to_json()
-            partitions[tp_key(tp)] = entry
-        data = {"v": OFFSET_VERSION, "watermark": self.watermark, "partitions": partitions}
-        if self.heartbeat:
-            data["heartbeat"] = True
-        if self.planned_ms is not None:
-            data["plannedAt"] = self.planned_ms
-        if self.holder is not None:
-            data["holder"] = tp_key(self.holder)
-        return data
+        """Spark's Kafka offsets plus kwatermark's state, compactly (layout 2,
+        ``kwatermark.offset_layout``)."""
+        from kwatermark import offset_layout
+
+        return offset_layout.to_json(self)
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, data: object) -> BatchOffset:
-        """Parse and validate an offset, e.g. one restored from a checkpoint."""
+        """Parse and validate an offset, e.g. one restored from a checkpoint (layout 2, or
+        layout 1 of kwatermark 0.1)."""
+        from kwatermark import offset_layout
+
         if isinstance(data, str):
             try:
                 data = json.loads(data)
             except json.JSONDecodeError as exc:
                 raise OffsetFormatError(f"offset: malformed JSON: {exc}") from None
-        if not isinstance(data, dict) or not isinstance(data.get("partitions"), dict):
-            raise OffsetFormatError(f"offset: expected an object with 'partitions', got "
-                                    f"{str(data)[:200]!r} (was the checkpoint written by "
-                                    f"another source?)")
-        version = data.get("v", OFFSET_VERSION)
-        if version != OFFSET_VERSION:
-            raise OffsetFormatError(f"offset: version {version!r} is not supported by this "
-                                    f"kwatermark (supports {OFFSET_VERSION})")
-        partitions = {}
-        for key, entry in data["partitions"].items():
-            tp = parse_tp_key(key)
-            if not isinstance(entry, dict):
-                raise OffsetFormatError(f"offset: {key}: expected an object, got {entry!r}")
-            start = _optional_int(key, "from", entry.get("from"))
-            end = _optional_int(key, "to", entry.get("to"))
-            if start is None or end is None or start < 0 or end < start:
-                raise OffsetFormatError(f"offset: {key}: invalid range from={start} to={end}")
-            partitions[tp] = PartitionRange(start, end, PartitionState.from_json(
-                key, entry.get("state", {})), PartitionLag.from_json(key, entry.get("lag")))
-        heartbeat = data.get("heartbeat", False)
-        if not isinstance(heartbeat, bool):
-            raise OffsetFormatError(f"offset: heartbeat must be true or false, got {heartbeat!r}")
-        holder = data.get("holder")
-        if holder is not None and not isinstance(holder, str):
-            raise OffsetFormatError(f"offset: holder must be 'topic:partition', got {holder!r}")
-        return cls(_optional_int("offset", "watermark", data.get("watermark")), partitions,
-                   heartbeat, _optional_int("offset", "plannedAt", data.get("plannedAt")),
-                   parse_tp_key(holder) if holder is not None else None)
+        if not isinstance(data, dict):
+            raise OffsetFormatError(f"offset: expected an object, got {str(data)[:200]!r} "
+                                    f"(was the checkpoint written by another source?)")
+        return offset_layout.from_json(data)
 
 
 def _optional_int(where: str, name: str, value: object) -> int | None:

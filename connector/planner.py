@@ -89,11 +89,9 @@ def observe_lags(start: BatchOffset, partitions: dict[TopicPartition, PartitionR
         known = [c for c in candidates if c is not None]
         processing_wm = max(known) if known else None
         watermark = to_optional(marks[tp])
-        observed[tp] = replace(r, lag=PartitionLag(
-            watermark_ms=watermark, processing_wm_ms=processing_wm,
-            event_lag_ms=None if watermark is None else now - watermark,
-            processing_lag_ms=None if processing_wm is None else now - processing_wm,
-            unread=unread))
+        observed[tp] = PartitionRange(r.start, r.end, r.state, PartitionLag(
+            watermark, processing_wm, None if watermark is None else now - watermark,
+            None if processing_wm is None else now - processing_wm, unread))
     return observed
 
 
@@ -117,10 +115,18 @@ class BatchPlanner:
                                      default=options.state_location_is_default)
         self.fingerprint = options.watermark.fingerprint()
         self._policy = None
-        # The batch last folded (its offset's key): the states, the highest row watermark and
-        # the lowest event time each partition read.
-        self._folded: dict[str, tuple[dict[TopicPartition, PartitionState], int,
-                                      dict[TopicPartition, int]]] = {}
+        # The batch last folded (its offset): the states, the highest row watermark and the
+        # lowest event time each partition read.
+        self._folded: tuple[BatchOffset, dict[TopicPartition, PartitionState], int,
+                            dict[TopicPartition, int]] | None = None
+        # The offsets last parsed or written, with their JSON: Spark hands back the offset
+        # latestOffset returned (as start, end, commit), so it is parsed once, not per call.
+        self._known: list[tuple[dict, BatchOffset]] = []
+        # Partitions whose ledger directory may hold records (DESIGN §21: a commit looks
+        # there, not in every partition's directory); None until the first commit's sweep.
+        self._may_hold: set[TopicPartition] | None = None
+        self._marks: dict[int, tuple[object, int]] = {}
+        self._plans_clock: bool | None = None   # the generator takes the planning time
         self._target: dict[TopicPartition, int] | None = None
         self._last_trigger_ms: int | None = None
         # Whether this run has planned a batch yet: see the heartbeat in latest_offset.
@@ -135,8 +141,29 @@ class BatchPlanner:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         # Driver-side observation stays on the driver: tasks never read it.
-        state.update(_policy=None, _folded={}, latest_seen={}, _announced=set())
+        state.update(_policy=None, _folded=None, latest_seen={}, _announced=set(),
+                     _known=[], _may_hold=None, _marks={})
         return state
+
+    def offset(self, data: object) -> BatchOffset:
+        """``BatchOffset.from_json``, once per offset: Spark passes the JSON of an offset
+        this planner wrote back to it several times per batch."""
+        for known_json, known in self._known:
+            if data == known_json:
+                return known
+        offset = BatchOffset.from_json(data)
+        if isinstance(data, dict):
+            self._remember(data, offset)
+        return offset
+
+    def offset_json(self, offset: BatchOffset) -> dict:
+        """``offset.to_json()``, remembered for :meth:`offset`."""
+        data = offset.to_json()
+        self._remember(data, offset)
+        return data
+
+    def _remember(self, data: dict, offset: BatchOffset) -> None:
+        self._known = [(data, offset)] + self._known[:3]
 
     @property
     def policy(self) -> object:
@@ -247,6 +274,7 @@ class BatchPlanner:
 
     def latest_offset(self, start: BatchOffset, limits: ReadLimits) -> BatchOffset | None:
         """The next batch's end offset, or None when there is nothing new to read."""
+        self._marks = {}
         states, emitted_max = self.fold(start)
         previous = max(from_optional(start.watermark), emitted_max)
         # A (re)started query's topics must exist, as when it first started, except those
@@ -283,9 +311,10 @@ class BatchPlanner:
                 base = self._clocked(base, now)
             # A held partition is paused on purpose, not idle: it counts as read.
             read = ends[tp] > begins[tp] or tp in held
-            state = self._decide(tp, replace(base, last_read_ms=now if read
-                                             else base.last_read_ms, held=tp in held),
-                                 unread=latest[tp] - begins[tp], now=now)
+            last_read = now if read else base.last_read_ms
+            if base.last_read_ms != last_read or base.held != (tp in held):
+                base = replace(base, last_read_ms=last_read, held=tp in held)
+            state = self._decide(tp, base, unread=latest[tp] - begins[tp], now=now)
             partitions[tp] = PartitionRange(begins[tp], ends[tp], state)
         marks = {tp: self.partition_watermark(r.state) for tp, r in partitions.items()}
         counted = {tp: marks[tp] for tp, r in partitions.items() if r.state.idle != idle.EXCLUDE}
@@ -312,6 +341,10 @@ class BatchPlanner:
         return BatchOffset(to_optional(watermark), partitions, planned_ms=now, holder=holds)
 
     def _clocked(self, state: PartitionState, now: int) -> PartitionState:
+        if self._plans_clock is None:
+            self._plans_clock = plan_generator(make_generator(self.options.watermark), now)
+        if not self._plans_clock:
+            return state   # most generators take no planning time: none restored per partition
         generator = restore_generator(self.options.watermark, state.generator)
         if not plan_generator(generator, now):
             return state
@@ -413,6 +446,8 @@ class BatchPlanner:
 
     def _decide(self, tp: TopicPartition, state: PartitionState, unread: int, now: int
                 ) -> PartitionState:
+        if isinstance(self.policy, idle.NeverIdle):   # nothing to ask, per partition
+            return state if state.idle == idle.COUNT else replace(state, idle=idle.COUNT)
         view = idle.PartitionView(
             topic=tp[0], partition=tp[1],
             watermark_ms=to_optional(self.partition_watermark(state)),
@@ -432,8 +467,15 @@ class BatchPlanner:
         log.warning("data loss (failOnDataLoss=false): %s", message)
 
     def partition_watermark(self, state: PartitionState) -> int:
-        generator = restore_generator(self.options.watermark, state.generator)
-        return max(current_ms(generator), from_optional(state.advanced_ms))
+        # A generator's watermark is a function of its snapshot, asked for several times per
+        # partition and batch: restored once per snapshot (kept alive here, so its id is not
+        # reused while cached; the cache is emptied at each planning).
+        snapshot = state.generator
+        known = self._marks.get(id(snapshot))
+        if known is None or known[0] is not snapshot:
+            known = (snapshot, current_ms(restore_generator(self.options.watermark, snapshot)))
+            self._marks[id(snapshot)] = known
+        return max(known[1], from_optional(state.advanced_ms))
 
     # -- tasks and folding -----------------------------------------------------------
 
@@ -467,7 +509,10 @@ class BatchPlanner:
         DESIGN §12). Packing changes which task reads a range, never the range's rows or
         progress record; a pack's records are stored together, which ``fold`` finds by
         packing ``tasks`` again (a pure function of the offset and the options)."""
-        return self._packs(self.tasks(offset))
+        packs = self._packs(self.tasks(offset))
+        if self._may_hold is not None:
+            self._may_hold.update(pack[0].tp for pack in packs)   # where a pack's file goes
+        return packs
 
     def _packs(self, tasks: list[RangeTask]) -> list[tuple[RangeTask, ...]]:
         return pack_tasks(tasks, self.options.min_records_per_partition,
@@ -476,9 +521,9 @@ class BatchPlanner:
     def fold(self, offset: BatchOffset) -> tuple[dict[TopicPartition, PartitionState], int]:
         """Each partition's state at ``to`` of the batch ending at ``offset``, and the highest
         watermark any row of that batch carried."""
-        key = offset.dumps()
-        if key in self._folded:
-            return self._folded[key][:2]
+        if self._folded is not None and (self._folded[0] is offset
+                                         or self._folded[0] == offset):
+            return self._folded[1], self._folded[2]
         tasks = self.tasks(offset)
         found: list[ProgressRecord | None] = []
         # Spark tasks wrote one file per pack (ledger.publish_pack); a range's own record
@@ -522,13 +567,13 @@ class BatchPlanner:
             highest = max([highest] + [from_optional(d.max_row_watermark) for d in done])
         if offset.heartbeat:
             highest = from_optional(offset.watermark)
-        self._folded = {key: (states, highest, lowest)}
+        self._folded = (offset, states, highest, lowest)
         return states, highest
 
     def lowest_events(self, offset: BatchOffset) -> dict[TopicPartition, int]:
         """The lowest event time each partition read in the batch ending at ``offset``."""
         self.fold(offset)
-        return self._folded[offset.dumps()][2]
+        return self._folded[3]
 
     def _recompute(self, tasks: list[RangeTask]) -> list[ProgressRecord]:
         """The progress records of ranges whose records are missing, by reading them here,
@@ -545,11 +590,22 @@ class BatchPlanner:
             pass
         for task, record in pack.progress:
             self.ledger.publish(task, self.fingerprint, record)
+            if self._may_hold is not None:
+                self._may_hold.add(task.tp)
         return [record for _, record in pack.progress]
 
     def commit(self, end: BatchOffset) -> None:
-        for (topic, partition), r in end.partitions.items():
-            self.ledger.forget_before(topic, partition, r.start)
+        """Delete the progress records no batch after ``end`` needs. The first commit of a
+        run looks in every partition's directory (records of an earlier run); later ones only
+        where this run's tasks or recomputes wrote since, not in thousands of directories
+        that hold nothing."""
+        look = (end.partitions if self._may_hold is None
+                else [tp for tp in self._may_hold if tp in end.partitions])
+        holding = set()
+        for tp in look:
+            if self.ledger.forget_before(tp[0], tp[1], end.partitions[tp].start):
+                holding.add(tp)
+        self._may_hold = holding
 
     # -- batch -----------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from pyspark.sql.types import StructType
 
 from kwatermark.arrow import OutputLayout, heartbeat_batch
 from kwatermark.errors import KWatermarkError, OptionError
-from kwatermark.offsets import BatchOffset, RangeTask
+from kwatermark.offsets import RangeTask
 from kwatermark.options import SourceOptions, parse_options
 from kwatermark.pack import PackReader
 from kwatermark.planner import BatchPlanner, ReadLimits
@@ -259,7 +259,7 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     @_cause_first
     def initialOffset(self) -> dict:
         if self._initial is None:
-            self._initial = self.planner.initial_offset().to_json()
+            self._initial = self.planner.offset_json(self.planner.initial_offset())
         return self._initial
 
     @_cause_first
@@ -286,8 +286,8 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                                 respect_minimum=True)
             if isinstance(limit, ReadMaxRows):
                 limits = ReadLimits(max_rows=limit.max_rows, respect_minimum=True)
-        end = self.planner.latest_offset(BatchOffset.from_json(start), limits)
-        return start if end is None else end.to_json()
+        end = self.planner.latest_offset(self.planner.offset(start), limits)
+        return start if end is None else self.planner.offset_json(end)
 
     def _own_limits(self) -> ReadLimits:
         """Spark < 4.2 passes no read limit: the source applies its own, as 4.2 does under a
@@ -329,7 +329,7 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._next_start = end  # pyspark < 4.2: where the next latestOffset() starts
         if start == end:
             return []  # Spark's AcceptsLatestSeenOffset call on a restart: no batch
-        offset = BatchOffset.from_json(end)
+        offset = self.planner.offset(end)
         if offset.heartbeat:
             return [HeartbeatPartition(offset.watermark)]
         mark = self.planner.ledger.driver_mark()
@@ -341,7 +341,7 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     @_cause_first
     def commit(self, end: dict) -> None:
-        self.planner.commit(BatchOffset.from_json(end))
+        self.planner.commit(self.planner.offset(end))
 
 
 class KWatermarkBatchReader(DataSourceReader):

@@ -5,11 +5,13 @@ which partitions a batch read or held comes from Spark's own offset log."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
 import threading
 
+from kwatermark.offsets import BatchOffset
 from tests.support.kafka import Record
 from tests.support.streams import Batches, ev_ms, kwatermark_stream, run_available_now, wm_ms
 
@@ -30,9 +32,8 @@ def offset_log(checkpoint: str) -> dict[int, dict]:
 
 def plans(checkpoint: str) -> list[dict[int, tuple[int, int, bool]]]:
     """Per batch: partition -> (from, to, held)."""
-    return [{int(key.rpartition(":")[2]): (entry["from"], entry["to"],
-                                           entry["state"].get("held", False))
-             for key, entry in offset["partitions"].items()}
+    return [{p: (r.start, r.end, r.state.held)
+             for (_, p), r in BatchOffset.from_json(offset).partitions.items()}
             for _, offset in sorted(offset_log(checkpoint).items())]
 
 
@@ -151,12 +152,12 @@ def comparable(checkpoint: str) -> list[dict]:
     """Each batch's offset minus the wall-clock bookkeeping: lastRead, and the observation
     fields (plannedAt, lag) that no row depends on."""
     out = []
-    for _, offset in sorted(offset_log(checkpoint).items()):
-        offset.pop("plannedAt", None)
-        for entry in offset["partitions"].values():
-            entry["state"].pop("lastRead")
-            entry.pop("lag", None)
-        out.append(offset)
+    for _, logged in sorted(offset_log(checkpoint).items()):
+        offset = BatchOffset.from_json(logged)
+        out.append(dataclasses.replace(offset, planned_ms=None, partitions={
+            tp: dataclasses.replace(r, lag=None, state=dataclasses.replace(r.state,
+                                                                         last_read_ms=0))
+            for tp, r in offset.partitions.items()}))
     return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from kwatermark.offsets import BatchOffset
 from tests.support.kafka import Record
 from tests.support.streams import (
     Batches,
@@ -15,8 +16,8 @@ from tests.support.streams import (
 )
 
 
-def last_end_offset(query) -> dict:
-    return progress_offset(query.lastProgress["sources"][0]["endOffset"])
+def last_end_offset(query) -> BatchOffset:
+    return BatchOffset.from_json(progress_offset(query.lastProgress["sources"][0]["endOffset"]))
 
 
 def run_steps(spark, broker, writer, checkpoint, steps, pause_s=0.0, **options):
@@ -54,7 +55,7 @@ def test_timeout_and_caught_up_release_a_silent_partition_after_the_timeout(
         # After 1.2 s of silence p1 is excluded; the watermark follows p0 alone.
         assert [wm_ms(r) for r in seen.rows] == [None, None, 999, 4_999], policy
         end = last_end_offset(query)
-        assert end["partitions"][f"{writer.topic}:1"]["state"]["idle"] == "exclude"
+        assert end.partitions[(writer.topic, 1)].state.idle == "exclude"
 
 
 def test_partition_that_comes_back_counts_again_without_lowering_the_watermark(
@@ -65,7 +66,7 @@ def test_partition_that_comes_back_counts_again_without_lowering_the_watermark(
                             **{"idle.policy": "caught-up", "idle.timeout": "1 second"})
     # p1 is counted again (its minimum, 1999, is below the 4999 already emitted): the
     # watermark holds at 4999 instead of decreasing, and p1's old record is flagged late.
-    assert last_end_offset(query)["partitions"][f"{writer.topic}:1"]["state"]["idle"] == "count"
+    assert last_end_offset(query).partitions[(writer.topic, 1)].state.idle == "count"
     assert [(r["partition"], ev_ms(r), wm_ms(r), r["is_late"]) for r in seen.batches()[3]] == [
         (0, 12_000, 4_999, False), (1, 3_000, 4_999, True)]
 
@@ -90,10 +91,9 @@ def test_a_read_limit_starves_no_partition_so_even_timeout_keeps_its_records_on_
         assert [ev_ms(r) for r in starved] == [1_000, 2_000, 3_000], policy
         assert any(r["partition"] == 1 for r in seen.batches()[0]), policy
         assert not any(r["is_late"] for r in starved), policy
-        p1 = f"{writer.topic}:1"
-        plans = [progress_offset(p["sources"][0]["endOffset"])["partitions"][p1]
-                 for p in query.recentProgress]
-        assert not any(plan["state"]["idle"] == "exclude" and plan["from"] < 3
+        plans = [BatchOffset.from_json(progress_offset(p["sources"][0]["endOffset"])).partitions[
+            (writer.topic, 1)] for p in query.recentProgress]
+        assert not any(plan.state.idle == "exclude" and plan.start < 3
                        for plan in plans), policy
 
 
@@ -108,9 +108,9 @@ def test_advance_moves_a_silent_partition_with_processing_time(spark, broker,
                             **{"idle.policy": "advance", "idle.timeout": "1 second",
                                "idle.maxDelay": "50 minutes"})
     after = int(time.time() * 1000)
-    state = last_end_offset(query)["partitions"][f"{writer.topic}:1"]["state"]
-    assert state["idle"] == "advance"
-    assert start - 3_000_000 <= state["advanced"] <= after - 3_000_000
+    state = last_end_offset(query).partitions[(writer.topic, 1)].state
+    assert state.idle == "advance"
+    assert start - 3_000_000 <= state.advanced_ms <= after - 3_000_000
     # Third batch: p1 advanced to now - 50 min, above p0's old + 600 s - 1: p0 holds it.
     assert [wm_ms(r) for r in seen.batches()[2]] == [old + 599_999]
 

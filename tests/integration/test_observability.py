@@ -3,6 +3,7 @@ real query's checkpoint. Ground truth comes from the records each test produced.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -12,6 +13,7 @@ import sys
 import time
 
 from kwatermark.inspect import checkpoint_table, progress_table
+from kwatermark.offsets import BatchOffset
 from tests.integration.test_windows import (
     WindowRows,
     complete,
@@ -20,6 +22,7 @@ from tests.integration.test_windows import (
     run,
     tumbling_truth,
 )
+from tests.support import layout_one_offsets as layout_one
 from tests.support.kafka import Record
 from tests.support.streams import (
     Batches,
@@ -223,12 +226,12 @@ def strip_observations(checkpoint: str) -> None:
             continue
         with open(path) as handle:
             lines = handle.read().splitlines()
-        offset = json.loads(lines[2])
-        offset.pop("plannedAt"), offset.pop("holder", None)
-        for entry in offset["partitions"].values():
-            entry.pop("lag")
+        # As kwatermark 0.1 wrote it: offset layout 1, without plannedAt, holder or lags.
+        offset = BatchOffset.from_json(lines[2])
+        offset = dataclasses.replace(offset, planned_ms=None, holder=None, partitions={
+            tp: dataclasses.replace(r, lag=None) for tp, r in offset.partitions.items()})
         with open(path, "w") as handle:
-            handle.write("\n".join(lines[:2] + [json.dumps(offset)]))
+            handle.write("\n".join(lines[:2] + [json.dumps(layout_one.offset_json(offset))]))
 
 
 def test_a_checkpoint_written_without_lag_fields_restarts_and_continues(
@@ -264,6 +267,6 @@ def test_progress_latest_offset_shows_each_partitions_end_offset_as_sparks_kafka
     assert len(sources) >= 2
     first = sources[0]
     assert json.loads(first["latestOffset"]) == {writer.topic: {"0": 6, "1": 3}}
-    planned = json.loads(first["endOffset"])["partitions"]
-    assert sum(p["to"] - p["from"] for p in planned.values()) <= 4 + 2
+    planned = BatchOffset.from_json(first["endOffset"]).partitions
+    assert sum(p.end - p.start for p in planned.values()) <= 4 + 2
     assert json.loads(sources[-1]["latestOffset"]) == {writer.topic: {"0": 6, "1": 3}}

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import shutil
 import statistics
@@ -342,13 +341,12 @@ class BatchPlan:
 
     @classmethod
     def parse(cls, end_offset: str) -> BatchPlan:
-        offset = json.loads(end_offset)
-        partitions = {}
-        for key, entry in offset["partitions"].items():
-            state = entry["state"]
-            partitions[int(key.rpartition(":")[2])] = PartitionPlan(
-                entry["from"], entry["to"], state["idle"], state.get("advanced"))
-        return cls(offset["watermark"], partitions)
+        from kwatermark.offsets import BatchOffset
+
+        offset = BatchOffset.from_json(end_offset)
+        partitions = {p: PartitionPlan(r.start, r.end, r.state.idle, r.state.advanced_ms)
+                      for (_, p), r in offset.partitions.items()}
+        return cls(offset.watermark, partitions)
 
 
 def plan_log():

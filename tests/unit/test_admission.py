@@ -165,9 +165,10 @@ def test_a_held_partition_is_never_taken_for_idle(tmp_path):
         "watermark.alignment.maxDrift": "1 minute", "idle.policy": "timeout",
         "idle.timeout": "1 ms"})
     result, _ = run(planner, records, 500, batches=8)
-    states = [json.loads(o)["partitions"][f"{TOPIC}:0"]["state"] for o in result.offsets[1:]]
-    assert all(s.get("held") for s in states)
-    assert all(s["idle"] == "count" for s in states)
+    states = [BatchOffset.from_json(o).partitions[(TOPIC, 0)].state
+              for o in result.offsets[1:]]
+    assert all(s.held for s in states)
+    assert all(s.idle == "count" for s in states)
 
 
 @pytest.mark.parametrize("policy", ["none", "caught-up", "timeout", "advance"])

@@ -29,7 +29,7 @@ def heartbeat_offset() -> BatchOffset:
 def test_a_heartbeat_offset_round_trips_through_json():
     offset = heartbeat_offset()
     text = offset.dumps()
-    assert json.loads(text)["heartbeat"] is True
+    assert json.loads(text)["@kwatermark"]["heartbeat"] is True
     assert BatchOffset.from_json(text) == offset
     assert BatchOffset.from_json(json.loads(text)) == offset
     assert BatchOffset.from_json(text).dumps() == text       # replayed byte for byte
@@ -37,7 +37,7 @@ def test_a_heartbeat_offset_round_trips_through_json():
 
 def test_an_ordinary_offset_has_no_heartbeat_key_so_old_checkpoints_read_the_same():
     ordinary = BatchOffset(5, {("events", 0): PartitionRange(0, 4)})
-    assert "heartbeat" not in ordinary.to_json()
+    assert "heartbeat" not in ordinary.to_json()["@kwatermark"]
     # An offset written before heartbeats existed: no key at all.
     old = {"v": 1, "watermark": 5,
            "partitions": {"events:0": {"from": 0, "to": 4, "state": {}}}}
@@ -46,18 +46,22 @@ def test_an_ordinary_offset_has_no_heartbeat_key_so_old_checkpoints_read_the_sam
     assert parsed.watermark == 5 and parsed.partitions[("events", 0)].end == 4
 
 
+def with_heartbeat(value: object) -> dict:
+    data = heartbeat_offset().to_json()
+    data["@kwatermark"]["heartbeat"] = value
+    return data
+
+
 def test_an_explicit_false_heartbeat_parses_as_an_ordinary_offset():
-    data = {**heartbeat_offset().to_json(), "heartbeat": False}
-    parsed = BatchOffset.from_json(data)
+    parsed = BatchOffset.from_json(with_heartbeat(False))
     assert parsed.heartbeat is False
-    assert "heartbeat" not in parsed.to_json()
+    assert "heartbeat" not in parsed.to_json()["@kwatermark"]
 
 
 @pytest.mark.parametrize("value", ["true", 1, 0, None, [True], {"on": True}])
 def test_a_heartbeat_flag_that_is_not_a_boolean_is_refused(value):
-    data = {**heartbeat_offset().to_json(), "heartbeat": value}
     with pytest.raises(OffsetFormatError) as info:
-        BatchOffset.from_json(data)
+        BatchOffset.from_json(with_heartbeat(value))
     assert "heartbeat must be true or false" in str(info.value)
     assert repr(value) in str(info.value)
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kwatermark.errors import OptionError
-from kwatermark.ledger import ProgressLedger, ProgressRecord, record_key
+from kwatermark.ledger import ProgressLedger, ProgressRecord, record_content, record_key
 from kwatermark.offsets import PartitionState, RangeTask
 from kwatermark.watermarks import NO_PARTITIONS, UNDEFINED
 
@@ -86,6 +89,38 @@ def test_record_key_is_deterministic_and_content_addressed():
     assert record_key(task(), FINGERPRINT) != record_key(task(start=11), FINGERPRINT)
     assert record_key(replace(task(), others_ms=UNDEFINED), FINGERPRINT) != \
         record_key(task(), FINGERPRINT)
+
+
+def test_record_keys_are_the_ones_kwatermark_0_1_wrote():
+    """Records written before an upgrade are found after it (keys computed with
+    connector/ledger.py at 0b9b1f5)."""
+    assert record_key(task(), FINGERPRINT) == "0fb73b6d199c33c3db992db6ee0dc503"
+    odd = replace(task(topic='a"b:c', state=PartitionState(
+        generator={"max_ts": None, "x": [1, 2.5]}, held=True, idle="advance", advanced_ms=-3)),
+        floor_ms=12, previous_ms=None, counted=False)
+    assert record_key(odd, FINGERPRINT) == "5de0a2f2a5fde7e0b5a447cb8d2a54e4"
+
+
+@settings(deadline=None, max_examples=200)
+@given(topic=st.text(max_size=8), partition=st.integers(0, 5000),
+       start=st.integers(0, 10**12), size=st.integers(0, 10**6),
+       generator=st.one_of(st.none(), st.fixed_dictionaries(
+           {"max_ts": st.one_of(st.none(), st.integers(-10**13, 10**13))}),
+           st.dictionaries(st.text(max_size=4), st.one_of(st.none(), st.booleans(),
+                                                            st.integers(), st.text(max_size=4),
+                                                            st.floats(allow_nan=False)),
+                           max_size=3)),
+       counted=st.booleans(), previous=st.one_of(st.none(), st.integers(-10**13, 10**13)),
+       others=st.integers(-2**63, 2**63 - 1),
+       floor=st.one_of(st.none(), st.integers(-10**13, 10**13)))
+def test_record_key_is_the_hash_of_the_record_content(topic, partition, start, size,
+                                                       generator, counted, previous, others,
+                                                       floor):
+    ranged = RangeTask(topic, partition, start, start + size,
+                       PartitionState(generator=generator, last_read_ms=start), counted,
+                       previous, others, floor)
+    assert record_key(ranged, FINGERPRINT) == hashlib.sha256(
+        record_content(ranged, FINGERPRINT).encode()).hexdigest()[:32]
 
 
 @pytest.mark.parametrize("content", [

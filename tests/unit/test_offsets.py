@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from kwatermark.offsets import (
     BatchOffset,
     OffsetFormatError,
+    PartitionLag,
     PartitionRange,
     PartitionState,
     fill_densities,
@@ -29,26 +30,84 @@ from kwatermark.offsets import (
 # -- the offset's JSON -------------------------------------------------------------------
 
 
-def test_offset_json_shape_is_the_documented_one():
+def test_offset_json_is_sparks_kafka_offsets_plus_the_state_in_columns():
     offset = BatchOffset(999, {
         ("events", 1): PartitionRange(5, 9, PartitionState(
             generator={"max_ts": 1000}, max_event_ms=1000, advanced_ms=None,
             last_read_ms=123, idle="count")),
         ("events", 0): PartitionRange(0, 0),
-    })
+        ("events", 10): PartitionRange(3, 4, PartitionState(
+            generator={"max_ts": 1500}, max_event_ms=1500, last_read_ms=123, idle="exclude")),
+    }, planned_ms=2000, holder=("events", 1))
     assert offset.to_json() == {
-        "v": 1,
-        "watermark": 999,
-        "partitions": {
-            "events:0": {"from": 0, "to": 0, "state": {
-                "gen": None, "maxEvent": None, "advanced": None, "lastRead": 0,
-                "idle": "count"}},
-            "events:1": {"from": 5, "to": 9, "state": {
-                "gen": {"max_ts": 1000}, "maxEvent": 1000, "advanced": None, "lastRead": 123,
-                "idle": "count"}},
+        # Spark's Kafka source's offsets: each partition's next offset to read
+        "events": {"0": 0, "1": 9, "10": 4},
+        "@kwatermark": {
+            "v": 2, "watermark": 999, "plannedAt": 2000, "holder": "events:1",
+            "topics": {"events": {
+                "read": [0, 4, 1],                              # from = to - read
+                "genKeys": ["max_ts"], "gen": [None, 1, 1],     # 1: a {"max_ts": ...}
+                "gen.max_ts": [None, 1000, 1500],
+                "maxEvent": [None, 1000, 1500],
+                "lastRead": [0, 123, 123],
+                "idle": ["count", "count", "exclude"],
+                # advanced null, held false, no lag: the defaults, not written
+            }},
         },
     }
     assert json.loads(offset.dumps()) == offset.to_json()
+    assert BatchOffset.from_json(offset.dumps()) == offset
+
+
+def test_columns_take_their_shortest_form():
+    n = 300
+    partitions = {("t", p): PartitionRange(
+        100 + p, 110 + p, PartitionState(generator={"max_ts": 1_700_000_000_000 + p},
+                                         max_event_ms=1_700_000_000_000 + p,
+                                         last_read_ms=77),
+        # planned at 1,000: eventLag = 1,000 - wm, procLag = 1,000 - procWm
+        PartitionLag(1_699_999_994_999 + p, 50, 1_000 - (1_699_999_994_999 + p), 950,
+                     10 if p != 7 else 12))
+        for p in range(n)}
+    offset = BatchOffset(5, partitions, planned_ms=1_000)
+    columns = offset.to_json()["@kwatermark"]["topics"]["t"]
+    assert columns["read"] == 10 and columns["gen"] == 1 and columns["lastRead"] == 77
+    assert columns["gen.max_ts"] == {"d": [1_700_000_000_000] + [1] * (n - 1)}
+    assert columns["maxEvent"] == {"of": "gen.max_ts", "plus": 0}
+    assert columns["wm"] == {"of": "maxEvent", "plus": -5_001}
+    assert columns["unread"] == {"else": 10, "at": {"7": 12}}
+    assert columns["procWm"] == 50
+    assert "eventLag" not in columns and "procLag" not in columns   # plannedAt - wm, - procWm
+    assert BatchOffset.from_json(offset.dumps()) == offset
+
+
+def spark_kafka_offsets(offset: BatchOffset) -> str:
+    """What Spark's Kafka source writes for the same partitions (JsonUtils.partitionOffsets)."""
+    by_topic: dict = {}
+    for (topic, partition), r in sorted(offset.partitions.items()):
+        by_topic.setdefault(topic, {})[str(partition)] = r.end
+    return json.dumps(by_topic, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("partitions,topics", [(4096, 1), (4096, 16), (512, 1)])
+def test_a_planned_offset_is_within_3x_of_sparks_kafka_offsets(partitions, topics):
+    """DESIGN §21: ten records per partition and batch, event times 1 ms apart across the
+    topic (bench/bench_partitions.py's data), as the planner writes it."""
+    per_topic = partitions // topics
+    base, planned = 1_700_000_000_000, 1_700_000_100_000
+    ranges = {}
+    for t in range(topics):
+        for p in range(per_topic):
+            high = base + 9 * per_topic + p
+            ranges[(f"sweep-{t:02d}-5c1d8e", p)] = PartitionRange(
+                1_000, 1_010, PartitionState(generator={"max_ts": high}, max_event_ms=high,
+                                             last_read_ms=planned - 1_000),
+                PartitionLag(high - 5_001, planned - 1_000, planned - high + 5_001, 1_000, 10))
+    offset = BatchOffset(base - 5_001, ranges, planned_ms=planned,
+                         holder=("sweep-00-5c1d8e", 0))
+    ours = len(json.dumps(offset.to_json()))     # as pyspark sends it (default separators)
+    assert ours <= 3 * len(spark_kafka_offsets(offset))
+    assert BatchOffset.from_json(json.dumps(offset.to_json())) == offset
 
 
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**15, 10**15),
@@ -70,16 +129,24 @@ states = st.builds(
 )
 
 
+optional_ms = st.one_of(st.none(), st.integers(-10**13, 10**13))
+lags = st.one_of(st.none(), st.builds(PartitionLag, optional_ms, optional_ms, optional_ms,
+                                      optional_ms, st.one_of(st.none(), st.integers(0, 10**6))))
+
+
 @st.composite
 def ranges(draw):
     start = draw(st.integers(0, 10**12))
-    return PartitionRange(start, start + draw(st.integers(0, 10**6)), draw(states))
+    return PartitionRange(start, start + draw(st.integers(0, 10**6)), draw(states), draw(lags))
 
 
 offsets = st.builds(
     BatchOffset,
-    watermark=st.one_of(st.none(), st.integers(-10**13, 10**13)),
-    partitions=st.dictionaries(st.tuples(topics, st.integers(0, 1000)), ranges(), max_size=5),
+    watermark=optional_ms,
+    partitions=st.dictionaries(st.tuples(topics, st.integers(0, 1000)), ranges(), max_size=8),
+    heartbeat=st.booleans(),
+    planned_ms=optional_ms,
+    holder=st.one_of(st.none(), st.tuples(topics, st.integers(0, 1000))),
 )
 
 
@@ -142,13 +209,14 @@ def test_malformed_offsets_raise_offset_format_error(data):
 
 def test_held_is_written_only_when_true_and_old_offsets_without_it_parse():
     held = BatchOffset(5, {("events", 0): PartitionRange(7, 7, PartitionState(held=True))})
-    assert held.to_json()["partitions"]["events:0"]["state"]["held"] is True
+    assert held.to_json()["@kwatermark"]["topics"]["events"]["held"] is True
     assert BatchOffset.from_json(held.dumps()) == held
     old = {"v": 1, "watermark": 5, "partitions": {"events:0": {"from": 7, "to": 9, "state": {
         "gen": {"max_ts": 6}, "maxEvent": 6, "advanced": None, "lastRead": 1, "idle": "count"}}}}
     parsed = BatchOffset.from_json(old)
-    assert parsed.partitions[("events", 0)].state.held is False
-    assert parsed.to_json() == old
+    assert parsed == BatchOffset(5, {("events", 0): PartitionRange(7, 9, PartitionState(
+        generator={"max_ts": 6}, max_event_ms=6, last_read_ms=1))})
+    assert BatchOffset.from_json(parsed.dumps()) == parsed
 
 
 def test_missing_state_is_a_fresh_partition():
@@ -499,3 +567,28 @@ def test_plan_splits_cover_each_range_without_overlap(sizes, min_partitions, max
     if splittable and min_partitions and len(splits) == 1 and total >= min_partitions \
             and not max_records:
         assert sum(len(p) for p in splits.values()) == min_partitions
+
+
+column_names = st.sampled_from(["read", "gen", "genKeys", "gen.max_ts", "maxEvent", "advanced",
+                                "lastRead", "idle", "held", "lag", "wm", "procWm", "unread",
+                                "eventLag", "procLag", "other"])
+column_values = st.one_of(json_values, st.fixed_dictionaries({"d": json_values}),
+                          st.fixed_dictionaries({"of": column_names, "plus": json_values}),
+                          st.fixed_dictionaries({"else": json_values, "at": json_values}))
+
+
+@settings(deadline=None, max_examples=400)
+@given(offset=offsets, name=column_names, value=column_values, ends=json_values)
+def test_a_damaged_layout_2_offset_raises_only_offset_format_error(offset, name, value, ends):
+    data = json.loads(offset.dumps())
+    for columns in data["@kwatermark"].get("topics", {}).values():
+        columns[name] = value
+    topic = next((t for t in data if t != "@kwatermark"), None)
+    if topic is not None and isinstance(ends, dict):
+        data[topic] = ends
+    try:
+        parsed = BatchOffset.from_json(data)
+    except OffsetFormatError as exc:
+        assert str(exc).startswith("offset")
+    else:
+        assert BatchOffset.from_json(parsed.dumps()) == parsed

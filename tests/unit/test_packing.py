@@ -211,7 +211,7 @@ def test_a_lost_pack_is_recomputed_range_by_range_and_counted(tmp_path, caplog):
     assert planner._recompute.call_count == 0
     shutil.rmtree(ledger)
     planner.ledger.publish(pack[1], planner.fingerprint, read[pack[1]])
-    planner._folded = {}
+    planner._folded = None
     with caplog.at_level("WARNING", logger="kwatermark.planner"):
         assert planner.fold(end) == expected
     # The five missing ranges are read together, in order (one consumer, as a pack).

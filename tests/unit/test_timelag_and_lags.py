@@ -101,8 +101,8 @@ def test_timelag_rows_carry_planning_time_minus_lag_and_replay_identically(tmp_p
     broker.ends.update({(TOPIC, 0): 2, (TOPIC, 1): 1})
     end = planner.latest_offset(offset, ReadLimits())
     logged = end.dumps()                         # what Spark writes to the offset log
-    state = json.loads(logged)["partitions"][f"{TOPIC}:0"]["state"]
-    assert state["gen"] == {"planned": T0}
+    state = BatchOffset.from_json(json.loads(logged)).partitions[(TOPIC, 0)].state
+    assert state.generator == {"planned": T0}
     assert end.watermark == T0 - 30_000
     rows = run_batch(planner, end, records)
     assert [r.watermark for r in rows] == [T0 - 30_000] * 3
@@ -168,11 +168,11 @@ def test_lags_processing_watermark_and_holder_at_every_planning(tmp_path, clock)
 
     loaded = BatchOffset.from_json(third.dumps())
     assert loaded == third
-    data = json.loads(third.dumps())
+    data = json.loads(third.dumps())["@kwatermark"]
     assert data["plannedAt"] == T0 + 9_000 and data["holder"] == f"{TOPIC}:1"
-    assert data["partitions"][f"{TOPIC}:1"]["lag"] == {
-        "wm": T0 - 60_001, "procWm": T0 + 4_000, "eventLag": 69_001, "procLag": 5_000,
-        "unread": 2}
+    assert loaded.partitions[(TOPIC, 1)].lag == PartitionLag(
+        watermark_ms=T0 - 60_001, processing_wm_ms=T0 + 4_000, event_lag_ms=69_001,
+        processing_lag_ms=5_000, unread=2)
 
 
 OLD_OFFSET = {   # written by kwatermark 0.1: no plannedAt, holder or lag
@@ -190,7 +190,7 @@ def test_an_offset_written_before_lags_existed_still_parses_and_plans(tmp_path, 
     old = BatchOffset.from_json(json.dumps(OLD_OFFSET))
     assert old.planned_ms is None and old.holder is None
     assert all(r.lag is None for r in old.partitions.values())
-    assert json.loads(old.dumps()) == OLD_OFFSET          # written back unchanged
+    assert BatchOffset.from_json(old.dumps()) == old     # written back (layout 2) unchanged
     planner, broker = make_planner(tmp_path, 2)
     records = [[1000, 2000, 3000], [1000, 4000, 5000, 6000]]
     run_batch(planner, old, records)              # the restarted query replays it...
