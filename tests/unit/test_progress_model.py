@@ -36,6 +36,7 @@ class FakeBroker:
     def __init__(self, tps: list[TopicPartition]):
         self.tps = tps
         self.ends = {tp: 0 for tp in tps}
+        self.ids = {t: f"id-of-{t}" for t, _ in tps}   # a recreated topic gets a new one
 
     def assigned_partitions(self, subscription) -> list[TopicPartition]:
         return list(self.tps)
@@ -48,6 +49,9 @@ class FakeBroker:
 
     def earliest_offsets(self, tps) -> dict[TopicPartition, int]:
         return {tp: 0 for tp in tps}
+
+    def topic_ids(self, topics) -> dict[str, str]:
+        return {t: self.ids[t] for t in topics if t in self.ids}
 
 
 # -- the independent reference ----------------------------------------------------------
