@@ -322,6 +322,8 @@ class KafkaMetadata:
         while pending and time.monotonic() < deadline:
             _, waiting = concurrent.futures.wait(pending, timeout=0.1)
             pending = list(waiting)
+            if pending:
+                self.admin.poll(0)  # serves the queued error_cb calls
             if pending and self._connection_errors:
                 refusal = self._refusal()
                 if refusal is not None:

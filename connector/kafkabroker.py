@@ -534,9 +534,9 @@ class KafkaCluster:
         if not node.running:
             return ["down"]
         try:
-            self.admin(node.address).list_topics(timeout=min(timeout_s, 2.0))
+            self.admin(node.address).list_topics(timeout=min(timeout_s, 5.0))
         except Exception:  # noqa: BLE001 - not answering yet
-            return ["down"]
+            return ["not answering"]
         metadata = self.admin().list_topics(timeout=timeout_s)
         if node_id not in metadata.brokers:
             return ["not registered"]
@@ -548,7 +548,7 @@ class KafkaCluster:
                     lagging.append(f"{name}-{p}")
         return sorted(lagging)
 
-    def wait_in_sync(self, node_id: int, timeout_s: float = 120.0) -> None:
+    def wait_in_sync(self, node_id: int, timeout_s: float = 300.0) -> None:
         """Return once ``node_id`` answers and is in the ISR of every partition it
         replicates (a node restarted at once after a kill may still be listed in the ISRs:
         it must answer too)."""
@@ -563,8 +563,10 @@ class KafkaCluster:
             except Exception as exc:  # noqa: BLE001 - a restarting cluster; retried
                 lagging = str(exc)
             time.sleep(0.5)
+        node = self.node(node_id)
         raise KWatermarkError(f"node {node_id} was not back in every ISR within {timeout_s:g} "
-                              f"s: {lagging if isinstance(lagging, str) else lagging[:10]}")
+                              f"s: {lagging if isinstance(lagging, str) else lagging[:10]}; "
+                              f"its log ends:\n{_tail(node.log_file, 30)}")
 
     def stop(self) -> None:
         """Stop every node and remove the data: SIGTERM to all at once, SIGKILL to what is
