@@ -2,7 +2,7 @@
 non-empty micro-batches while each fault lasts, ``format("kwatermark")`` beside Spark's own
 ``format("kafka")``, both streaming the same topic under the same fault at the same time.
 
-Run: ``python bench/bench_failover.py [--rounds 1] [--rate 200]``. Results go to
+Run: ``python bench/bench_failover.py [--rounds 1] [--rate 200] [--faults rolling,kill,reassign]``. Results go to
 ``bench/results/failover.json``.
 
 A 3-node KRaft Apache Kafka on loopback (``LocalBroker.start(brokers=3)``), a topic of 6
@@ -53,11 +53,11 @@ TRIGGER_S = 1.0
 SETTLE_S = 10.0   # the window goes on this long after the cluster is whole again
 
 
-def faults():
-    return [("rolling restart", lambda cluster, topic: rolling_restart(cluster)),
-            ("leader SIGKILL, back 10 s later", lambda cluster, topic: kill_leader(
+def faults() -> dict[str, tuple[str, object]]:
+    return {"rolling": ("rolling restart", lambda cluster, topic: rolling_restart(cluster)),
+            "kill": ("leader SIGKILL, back 10 s later", lambda cluster, topic: kill_leader(
                 cluster, topic, 10.0)),
-            ("reassignment", reassign)]
+            "reassign": ("reassignment", reassign)}
 
 
 def one_fault(spark, cluster, name: str, act, rate: int, workdir: Path) -> dict:
@@ -100,6 +100,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--rate", type=int, default=200)
+    parser.add_argument("--faults", default="rolling,kill,reassign",
+                        help="comma-separated: rolling, kill, reassign")
     args = parser.parse_args()
     from pyspark.sql import SparkSession
 
@@ -111,7 +113,8 @@ def main() -> None:
     results = []
     try:
         for round_ in range(args.rounds):
-            for name, act in faults():
+            for key in args.faults.split(","):
+                name, act = faults()[key]
                 with tempfile.TemporaryDirectory(prefix="kwatermark-failover-") as tmp:
                     found = one_fault(spark, broker.cluster, name, act, args.rate, Path(tmp))
                 found["round"] = round_ + 1
