@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from kwatermark import idle
 from kwatermark.arrow import OutputLayout
 from kwatermark.broker import KafkaMetadata
-from kwatermark.errors import DataLossError, OptionError
+from kwatermark.errors import BrokerError, DataLossError, OptionError
 from kwatermark.ledger import ProgressLedger, ProgressRecord
 from kwatermark.offsets import (
     BatchOffset,
@@ -304,14 +304,14 @@ class BatchPlanner:
         topics = {t for t, _ in begins}
         unseen = topics - set(self._topic_ids)
         if unseen:
-            self._topic_ids.update(self.metadata.topic_ids(unseen))
+            self._topic_ids.update(self._ids(unseen))
         behind = [tp for tp, begin in begins.items() if latest[tp] < begin]
         now = time.monotonic()
         for tp in set(self._behind_since) - set(behind):
             del self._behind_since[tp]
         if not behind:
             return latest
-        ids = self.metadata.topic_ids({t for t, _ in behind})
+        ids = self._ids({t for t, _ in behind})
         held = dict(latest)
         for tp in behind:
             before, current = self._topic_ids.get(tp[0]), ids.get(tp[0])
@@ -329,6 +329,15 @@ class BatchPlanner:
                 f"{self.options.poll_timeout_ms})"))
             held[tp] = begins[tp]
         return held
+
+    def _ids(self, topics: set[str]) -> dict[str, str]:
+        """Topic ids, or none where the brokers cannot tell (a broker without topic ids, a
+        principal without DESCRIBE): then a backwards end is judged by time alone."""
+        try:
+            return self.metadata.topic_ids(topics)
+        except BrokerError as exc:
+            log.debug("no topic ids for %s: %s", sorted(topics), exc)
+            return {}
 
     def _clocked(self, state: PartitionState, now: int) -> PartitionState:
         generator = restore_generator(self.options.watermark, state.generator)
