@@ -28,6 +28,7 @@ log = logging.getLogger("kwatermark.broker")
 NEVER_REACHED_BUDGET_MS = 15_000
 # Distinct connection errors kept for a failure's message (see _record_connection_error).
 CONNECTION_ERRORS = 3
+TIMESTAMP_LOOKUP = "looking up offsets by timestamp"
 # One attempt's wait: the first FIRST_ATTEMPT_S, doubling up to ATTEMPT_S (a shorter one
 # leaves librdkafka's own retries of a moving leader no room; a longer one waits out a dead
 # broker instead of asking another). A blocking metadata request cannot see a refused
@@ -289,6 +290,7 @@ class KafkaMetadata:
             return {}
         isolation = dict(self.options.kafka_conf).get("isolation.level", "read_uncommitted")
         found: dict[TopicPartition, int] = {}
+        timed = set(specs) if what == TIMESTAMP_LOOKUP else set()
 
         def fetch(timeout: float):
             from confluent_kafka import IsolationLevel
@@ -301,10 +303,21 @@ class KafkaMetadata:
             self._await(futures, timeout)
             failed: list[tuple[TopicPartition, KafkaException]] = []
             for tp, future in futures.items():
+                key = (tp.topic, tp.partition)
                 try:
-                    found[(tp.topic, tp.partition)] = future.result().offset
+                    offset = future.result().offset
                 except KafkaException as exc:
-                    failed.append(((tp.topic, tp.partition), exc))
+                    failed.append((key, exc))
+                    continue
+                # A partition whose leader is not ready (a new topic, a leader moving) can
+                # come back without an error and without an offset (-1001, librdkafka's
+                # "invalid"): no answer yet. -1 is an answer only for a timestamp (no record
+                # at or after it).
+                if offset < (-1 if key in timed else 0):
+                    failed.append((key, KafkaException(KafkaError(
+                        KafkaError.LEADER_NOT_AVAILABLE, f"no offset yet ({offset})"))))
+                else:
+                    found[key] = offset
             if not failed:
                 return dict(found)
             (topic, partition), exc = failed[0]
@@ -341,7 +354,7 @@ class KafkaMetadata:
     def offsets_for_times(self, times: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         """First offset with timestamp >= the time, or -1 when there is none (broker's
         timestamp index)."""
-        return self._list_offsets("looking up offsets by timestamp",
+        return self._list_offsets(TIMESTAMP_LOOKUP,
                                   {tp: OffsetSpec.for_timestamp(ts) for tp, ts in times.items()})
 
 

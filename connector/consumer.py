@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
 from kwatermark import retries
@@ -99,12 +99,15 @@ def _offsets(consumer: Consumer, options: SourceOptions, tps: list[tuple[str, in
         try:
             answer = consumer.offsets_for_times([KafkaTP(t, p, which) for t, p in asked],
                                                 timeout)
-            failed = [(tp, tp.error) for tp in answer if tp.error is not None]
+            # No error and no offset (-1001): the leader is not ready yet (broker.py).
+            failed = [(tp, tp.error if tp.error is not None else KafkaError(
+                KafkaError.LEADER_NOT_AVAILABLE, f"no offset yet ({tp.offset})"))
+                for tp in answer if tp.error is not None or tp.offset < 0]
         except KafkaException as exc:
             failed = [(KafkaTP(*asked[0]), exc.args[0] if exc.args else exc)]
             answer = []
         for tp in answer:
-            if tp.error is None:
+            if tp.error is None and tp.offset >= 0:
                 found[(tp.topic, tp.partition)] = tp.offset
         if not failed:
             return found

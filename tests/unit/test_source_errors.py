@@ -145,3 +145,50 @@ def test_a_refusal_no_retry_mends_fails_at_the_first_answer_naming_its_cause(tex
     assert message.startswith(cause), message
     assert "is the address right" not in message and "secret-9" not in message
     assert calls == [1]
+
+
+def test_a_listing_asks_again_only_for_the_partitions_not_answered_yet():
+    """DESIGN §20: a partition answered with a transient error, or with no offset (-1001:
+    its leader not ready), is asked again alone; the others' answers are kept."""
+    from concurrent.futures import Future
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    from kwatermark.broker import KafkaMetadata
+    from kwatermark.options import parse_options
+
+    class Answer:
+        def __init__(self, offset):
+            self.offset = offset
+
+    class Admin:
+        def __init__(self):
+            self.asked = []
+            self.answers = [{0: -1001, 1: 5, 2: KafkaError.NOT_LEADER_FOR_PARTITION},
+                            {0: 7, 2: KafkaError.FENCED_LEADER_EPOCH}, {2: 9}]
+
+        def list_offsets(self, specs, **_):
+            self.asked.append(sorted(tp.partition for tp in specs))
+            answer = self.answers.pop(0)
+            futures = {}
+            for tp in specs:
+                future = Future()
+                value = answer[tp.partition]
+                if value in (KafkaError.NOT_LEADER_FOR_PARTITION,
+                             KafkaError.FENCED_LEADER_EPOCH):
+                    future.set_exception(KafkaException(KafkaError(value)))
+                else:
+                    future.set_result(Answer(value))
+                futures[tp] = future
+            return futures
+
+        def poll(self, _):
+            return 0
+
+    metadata = KafkaMetadata(parse_options({"kafka.bootstrap.servers": "127.0.0.1:1",
+                                            "subscribe": "t"}))
+    admin = Admin()
+    metadata._admin = admin
+    assert metadata.latest_offsets([("t", 0), ("t", 1), ("t", 2)]) == {
+        ("t", 0): 7, ("t", 1): 5, ("t", 2): 9}
+    assert admin.asked == [[0, 1, 2], [0, 2], [2]]
