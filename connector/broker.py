@@ -4,6 +4,7 @@ requests with bounded time."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import re
 import time
@@ -320,12 +321,21 @@ class KafkaMetadata:
                     found[key] = offset
             if not failed:
                 return dict(found)
+            self._refresh({t for (t, _), _ in failed}, timeout)
             (topic, partition), exc = failed[0]
             error = exc.args[0] if exc.args else exc
             if not retries.transient(error) or len(failed) == len(futures):
                 raise KafkaException(_named(error, topic, partition, len(failed))) from None
             raise Progress()
         return self._retrying(what, fetch)
+
+    def _refresh(self, topics: set[str], timeout: float) -> None:
+        """Ask for the topics' metadata again: librdkafka's ListOffsets sends the leader and
+        leader epoch it has cached, and does not refresh them on FENCED_LEADER_EPOCH or
+        NOT_LEADER (seen here: the same stale epoch for 120 s after a leader was killed)."""
+        for topic in sorted(topics):
+            with contextlib.suppress(KafkaException):
+                self.admin.list_topics(topic=topic, timeout=min(timeout, 2.0))
 
     def _await(self, futures: dict, timeout: float) -> None:
         """Wait for the futures, serving error_cb meanwhile: a refusal that no retry mends

@@ -3,6 +3,7 @@ a pack's fetch size) and the one offset check of a task's partitions."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 
@@ -112,6 +113,9 @@ def _offsets(consumer: Consumer, options: SourceOptions, tps: list[tuple[str, in
         if not failed:
             return found
         first, error = failed[0]
+        for topic in sorted({tp.topic for tp, _ in failed}):  # stale leader epochs: broker.py
+            with contextlib.suppress(KafkaException):
+                consumer.list_topics(topic, timeout=2.0)
         wait = backoff.next_s()
         if len(failed) < len(asked):
             stall.progressed(time.monotonic())

@@ -185,10 +185,15 @@ def test_a_listing_asks_again_only_for_the_partitions_not_answered_yet():
         def poll(self, _):
             return 0
 
+        def list_topics(self, topic=None, timeout=None):
+            self.refreshed.append(topic)  # librdkafka's cached leader epochs renewed
+
     metadata = KafkaMetadata(parse_options({"kafka.bootstrap.servers": "127.0.0.1:1",
                                             "subscribe": "t"}))
     admin = Admin()
+    admin.refreshed = []
     metadata._admin = admin
     assert metadata.latest_offsets([("t", 0), ("t", 1), ("t", 2)]) == {
         ("t", 0): 7, ("t", 1): 5, ("t", 2): 9}
     assert admin.asked == [[0, 1, 2], [0, 2], [2]]
+    assert admin.refreshed == ["t", "t"]
