@@ -3,6 +3,8 @@ requests with bounded time."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -12,10 +14,11 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from kwatermark import security
+from kwatermark import retries, security
 from kwatermark.errors import BrokerError, OptionError
 from kwatermark.offsets import TopicPartition
 from kwatermark.options import SourceOptions, Subscription
+from kwatermark.range_end import Stall
 from kwatermark.rdkafka_log import librdkafka_logger, line_kind
 
 log = logging.getLogger("kwatermark.broker")
@@ -25,6 +28,18 @@ log = logging.getLogger("kwatermark.broker")
 NEVER_REACHED_BUDGET_MS = 15_000
 # Distinct connection errors kept for a failure's message (see _record_connection_error).
 CONNECTION_ERRORS = 3
+TIMESTAMP_LOOKUP = "looking up offsets by timestamp"
+# One attempt's wait: the first FIRST_ATTEMPT_S, doubling up to ATTEMPT_S (a shorter one
+# leaves librdkafka's own retries of a moving leader no room; a longer one waits out a dead
+# broker instead of asking another). A blocking metadata request cannot see a refused
+# handshake before its attempt ends: the first one is short.
+FIRST_ATTEMPT_S = 1.0
+ATTEMPT_S = 5.0
+
+
+class Progress(Exception):
+    """Raised by a request's attempt that got part of its answer: retry the rest, with a
+    fresh no-progress budget."""
 
 T = TypeVar("T")
 
@@ -76,52 +91,109 @@ class KafkaMetadata:
 
     @property
     def budget_ms(self) -> int:
-        """All attempts of one request together: ``kafkaConsumer.pollTimeoutMs``, or at most
-        NEVER_REACHED_BUDGET_MS while no broker has ever answered (a wrong address)."""
+        """How long a request may go without progress: ``kafkaConsumer.pollTimeoutMs``, or
+        at most NEVER_REACHED_BUDGET_MS while no broker has ever answered (a wrong
+        address)."""
         if self._reached:
             return self.options.poll_timeout_ms
         return min(self.options.poll_timeout_ms, NEVER_REACHED_BUDGET_MS)
 
     @property
     def timeout_s(self) -> float:
-        """Per attempt: all attempts together stay within :attr:`budget_ms`."""
-        attempts = self.options.fetch_offset_retries + 1
-        return max(0.5, self.budget_ms / 1000.0 / attempts)
+        """One attempt's longest wait (see ATTEMPT_S)."""
+        return max(0.5, min(ATTEMPT_S, self.budget_ms / 1000.0))
 
-    def _retrying(self, what: str, call: Callable[[], T]) -> T:
-        """Retry as ``fetchOffset.numRetries``/``retryIntervalMs`` say, then fail naming the
-        brokers; the whole call is bounded by ``kafkaConsumer.pollTimeoutMs`` per attempt."""
-        attempts = self.options.fetch_offset_retries + 1
+    def _refusal(self) -> str | None:
+        """The cause, in the user's options' terms, of a connection refusal that no retry
+        mends (authentication, the broker's or the client's certificate), among the
+        connection errors since a broker last answered; None when there is none."""
+        self.admin.poll(0)  # serves the queued error_cb calls
+        conf = self.options.consumer_conf()
+        jaas = "sasl.jaas.config" in {k.lower() for k in dict(self.options.kafka_conf)}
+        for text in self._connection_errors.values():
+            verified = (security.tls_verify_reason(text, conf)
+                        if "certificate verify failed" in text else "")
+            cause = security.refusal_cause(text, conf, verified, jaas)
+            if cause is not None:
+                return f"{cause} (kafka.bootstrap.servers={self.options.bootstrap_servers!r}" \
+                       f"; librdkafka: {text})"
+        return None
+
+    def _failure(self, what: str, error: object, attempts: int, exhausted: str
+                 ) -> BrokerError:
+        errors = " | ".join(self._connection_errors.values())
+        cause = (f"; connection errors: {errors}" + security.tls_verify_reason(
+            errors, self.options.consumer_conf()) if errors else "")
+        return BrokerError(
+            f"{what} failed against kafka.bootstrap.servers="
+            f"{self.options.bootstrap_servers!r}: {error}{cause} (gave up after "
+            f"{attempts} attempt(s) {exhausted})")
+
+    def _retrying(self, what: str, call: Callable[[float], T]) -> T:
+        """``call(timeout_s)`` until it answers (DESIGN §20, docs/operations.md):
+
+        * a refusal no retry mends (authentication, certificates) fails at once, naming it;
+        * a transient error (``kwatermark.retries``: a leader moving, a broker down while
+          others answer, a timeout) is retried with backoff until
+          ``kafkaConsumer.pollTimeoutMs`` passes without an answer (15 s while no broker
+          has ever answered: a wrong address);
+        * any other error is retried ``fetchOffset.numRetries`` times,
+          ``fetchOffset.retryIntervalMs`` apart (Spark's meaning of those options).
+
+        ``call`` may raise :class:`Progress` to say part of the request was answered: the
+        no-progress clock restarts."""
         _ = self.admin  # created outside the retries: a bad kafka.* option is not a broker fault
-        for attempt in range(attempts):
+        stall = Stall(self.budget_ms / 1000.0, time.monotonic())
+        backoff = retries.Backoff()
+        others = 0
+        attempt = 0
+        while True:
+            attempt += 1
             try:
-                result = call()
+                grown = FIRST_ATTEMPT_S * 2 ** min(attempt - 1, 8)
+                timeout = max(0.5, min(self.timeout_s, grown,
+                                       stall.last + stall.limit_s - time.monotonic()))
+                result = call(timeout)
                 self._reached = True
                 self._connection_errors.clear()
                 return result
+            except Progress:
+                self._reached = True
+                stall.progressed(time.monotonic())
+                backoff.reset()
+                continue
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else exc
-                if attempt + 1 >= attempts:
-                    self.admin.poll(0)  # serves the queued error_cb calls
-                    errors = " | ".join(self._connection_errors.values())
-                    cause = (f"; connection errors: {errors}" + security.tls_verify_reason(
-                        errors, self.options.consumer_conf()) if errors else "")
-                    if self._reached:
-                        budget = f"kafkaConsumer.pollTimeoutMs={self.options.poll_timeout_ms}"
-                    else:
-                        budget = (f"{self.budget_ms / 1000:g} s, as no broker has answered "
-                                  f"since the query started: is the address right?")
-                    raise BrokerError(
-                        f"{what} failed against kafka.bootstrap.servers="
-                        f"{self.options.bootstrap_servers!r}: {error}{cause} (gave up after "
-                        f"{attempts} attempt(s) within {budget})") from exc
+                refusal = self._refusal()
+                if refusal is not None:
+                    raise BrokerError(refusal) from None
+                if retries.transient(error):
+                    wait = backoff.next_s()
+                    stall.limit_s = self.budget_ms / 1000.0  # a broker may have answered since
+                    if stall.expired(time.monotonic() + wait):
+                        raise self._failure(what, error, attempt, self._exhausted()) from exc
+                    log.info("%s: %s; retrying in %.1f s (attempt %d)", what, error, wait,
+                             attempt)
+                    time.sleep(wait)
+                    continue
+                others += 1
+                if others > self.options.fetch_offset_retries:
+                    raise self._failure(what, error, attempt, (
+                        f"as fetchOffset.numRetries={self.options.fetch_offset_retries} "
+                        f"allows for an error that is not a transient one")) from exc
                 time.sleep(self.options.fetch_offset_retry_interval_ms / 1000.0)
-        raise AssertionError("unreachable")
+
+    def _exhausted(self) -> str:
+        if self._reached:
+            return (f"with no answer for kafkaConsumer.pollTimeoutMs="
+                    f"{self.options.poll_timeout_ms}")
+        return (f"within {self.budget_ms / 1000:g} s, as no broker has answered since the "
+                f"query started: is the address right?")
 
     def topics(self) -> dict[str, int]:
         """Topic -> partition count, for every topic the brokers know."""
-        def fetch():
-            metadata = self.admin.list_topics(timeout=self.timeout_s)
+        def fetch(timeout: float):
+            metadata = self.admin.list_topics(timeout=timeout)
             return {name: len(t.partitions) for name, t in metadata.topics.items()
                     if t.error is None}
         return self._retrying("listing topics", fetch)
@@ -183,22 +255,100 @@ class KafkaMetadata:
                 f"kafka.bootstrap.servers={self.options.bootstrap_servers!r} "
                 f"(TOPIC_AUTHORIZATION_FAILED): grant it DESCRIBE and READ on the topic")
 
+    def topic_ids(self, topics: Iterable[str]) -> dict[str, str]:
+        """Each topic's id (a recreated topic has a new one); topics the brokers do not
+        describe are left out."""
+        from confluent_kafka import TopicCollection
+
+        names = sorted(set(topics))
+        if not names:
+            return {}
+
+        def fetch(timeout: float) -> dict[str, str]:
+            futures = self.admin.describe_topics(TopicCollection(names),
+                                                 request_timeout=timeout)
+            self._await(futures, timeout)
+            found = {}
+            for name, future in futures.items():
+                try:
+                    found[name] = str(future.result().topic_id)
+                except KafkaException as exc:
+                    error = exc.args[0] if exc.args else exc
+                    gone = isinstance(error, KafkaError) and error.code() in (
+                        KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+                    if retries.transient(error) and not gone:
+                        raise
+            return found
+        return self._retrying("describing topics", fetch)
+
     def _list_offsets(self, what: str, specs: dict[TopicPartition, OffsetSpec]
                       ) -> dict[TopicPartition, int]:
+        """One batched ListOffsets request per leader; a partition answered with a transient
+        error (its leader moving) is asked again alone, the others' answers are kept."""
         if not specs:
             return {}
         isolation = dict(self.options.kafka_conf).get("isolation.level", "read_uncommitted")
+        found: dict[TopicPartition, int] = {}
+        timed = set(specs) if what == TIMESTAMP_LOOKUP else set()
 
-        def fetch():
+        def fetch(timeout: float):
             from confluent_kafka import IsolationLevel
             level = (IsolationLevel.READ_COMMITTED if isolation == "read_committed"
                      else IsolationLevel.READ_UNCOMMITTED)
+            asked = {tp: spec for tp, spec in specs.items() if tp not in found}
             futures = self.admin.list_offsets(
-                {KafkaTP(t, p): spec for (t, p), spec in specs.items()},
-                isolation_level=level, request_timeout=self.timeout_s)
-            return {(tp.topic, tp.partition): future.result().offset
-                    for tp, future in futures.items()}
+                {KafkaTP(t, p): spec for (t, p), spec in asked.items()},
+                isolation_level=level, request_timeout=timeout)
+            self._await(futures, timeout)
+            failed: list[tuple[TopicPartition, KafkaException]] = []
+            for tp, future in futures.items():
+                key = (tp.topic, tp.partition)
+                try:
+                    offset = future.result().offset
+                except KafkaException as exc:
+                    failed.append((key, exc))
+                    continue
+                # A partition whose leader is not ready (a new topic, a leader moving) can
+                # come back without an error and without an offset (-1001, librdkafka's
+                # "invalid"): no answer yet. -1 is an answer only for a timestamp (no record
+                # at or after it).
+                if offset < (-1 if key in timed else 0):
+                    failed.append((key, KafkaException(KafkaError(
+                        KafkaError.LEADER_NOT_AVAILABLE, f"no offset yet ({offset})"))))
+                else:
+                    found[key] = offset
+            if not failed:
+                return dict(found)
+            self._refresh({t for (t, _), _ in failed}, timeout)
+            (topic, partition), exc = failed[0]
+            error = exc.args[0] if exc.args else exc
+            if not retries.transient(error) or len(failed) == len(futures):
+                raise KafkaException(_named(error, topic, partition, len(failed))) from None
+            raise Progress()
         return self._retrying(what, fetch)
+
+    def _refresh(self, topics: set[str], timeout: float) -> None:
+        """Ask for the topics' metadata again: librdkafka's ListOffsets sends the leader and
+        leader epoch it has cached, and does not refresh them on FENCED_LEADER_EPOCH or
+        NOT_LEADER (seen here: the same stale epoch for 120 s after a leader was killed)."""
+        for topic in sorted(topics):
+            with contextlib.suppress(KafkaException):
+                self.admin.list_topics(topic=topic, timeout=min(timeout, 2.0))
+
+    def _await(self, futures: dict, timeout: float) -> None:
+        """Wait for the futures, serving error_cb meanwhile: a refusal that no retry mends
+        (a failed authentication or TLS handshake) ends the wait at once."""
+        deadline = time.monotonic() + timeout + 1.0
+        pending = list(futures.values())
+        while pending and time.monotonic() < deadline:
+            _, waiting = concurrent.futures.wait(pending, timeout=0.1)
+            pending = list(waiting)
+            if pending:
+                self.admin.poll(0)  # serves the queued error_cb calls
+            if pending and self._connection_errors:
+                refusal = self._refusal()
+                if refusal is not None:
+                    raise BrokerError(refusal)
 
     def latest_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """End offsets of all partitions in one batched ListOffsets request per leader."""
@@ -212,5 +362,15 @@ class KafkaMetadata:
     def offsets_for_times(self, times: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         """First offset with timestamp >= the time, or -1 when there is none (broker's
         timestamp index)."""
-        return self._list_offsets("looking up offsets by timestamp",
+        return self._list_offsets(TIMESTAMP_LOOKUP,
                                   {tp: OffsetSpec.for_timestamp(ts) for tp, ts in times.items()})
+
+
+def _named(error: object, topic: str, partition: int, failed: int) -> KafkaError:
+    """``error`` with the partition it came from (and how many more failed) in its text."""
+    more = f" and {failed - 1} more partition(s)" if failed > 1 else ""
+    if isinstance(error, KafkaError):
+        return KafkaError(error.code(), f"topic {topic}, partition {partition}{more}: "
+                                        f"{error.str()} [{error.name()}]",
+                          retriable=error.retriable())
+    return KafkaError(KafkaError.UNKNOWN, f"topic {topic}, partition {partition}{more}: {error}")

@@ -3,14 +3,18 @@ a pack's fetch size) and the one offset check of a task's partitions."""
 
 from __future__ import annotations
 
+import contextlib
+import time
 import uuid
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
+from kwatermark import retries
 from kwatermark.errors import BrokerError, KWatermarkError
 from kwatermark.offsets import RangeTask
 from kwatermark.options import SourceOptions
+from kwatermark.range_end import Stall
 from kwatermark.rdkafka_log import librdkafka_logger
 
 # librdkafka's prefetch doubles consume throughput (DESIGN §9), but past the range's end it
@@ -22,6 +26,8 @@ from kwatermark.rdkafka_log import librdkafka_logger
 # 1 ms; 5M-record range RSS growth 165 MB -> 3 MB; CPU per record not higher).
 MAX_PREFETCH_MESSAGES = 100_000
 FETCH_QUEUE_BACKOFF_MS = 1
+# One offsets request's longest wait; a longer wait is spent in retries.
+ATTEMPT_S = 5.0
 
 
 def open_consumer(options: SourceOptions, remaining: int, partitions: int = 1) -> Consumer:
@@ -78,23 +84,61 @@ def partition_bounds(consumer: Consumer, options: SourceOptions, tasks: list[Ran
                      ) -> dict[tuple[str, int], tuple[int, int]]:
     """Every task's partition's earliest and end offsets, in one ListOffsets request per
     leader for each (``get_watermark_offsets`` asks once per partition). The consumer's
-    ``isolation.level`` applies, as it does to ``get_watermark_offsets``."""
+    ``isolation.level`` applies, as it does to ``get_watermark_offsets``.
+
+    A partition answered with a transient error (its leader moving, DESIGN §20) is asked
+    again alone, with backoff, until ``kafkaConsumer.pollTimeoutMs`` passes without an
+    answer; any other error fails at once."""
     tps = list(dict.fromkeys(task.tp for task in tasks))
-    timeout = options.poll_timeout_ms / 1000.0
     found: dict[str, dict[tuple[str, int], int]] = {}
     for name, which in (("low", OFFSET_BEGINNING), ("high", OFFSET_END)):
-        try:
-            answer = consumer.offsets_for_times([KafkaTP(t, p, which) for t, p in tps],
-                                                timeout)
-        except KafkaException as exc:
-            raise _offsets_error(options, tps[0], exc.args[0] if exc.args else exc) from exc
-        for tp in answer:
-            if tp.error is not None:
-                raise _offsets_error(options, (tp.topic, tp.partition), tp.error)
-        found[name] = {(tp.topic, tp.partition): tp.offset for tp in answer}
+        found[name] = _offsets(consumer, options, tps, which)
     return {tp: (found["low"][tp], found["high"][tp]) for tp in tps}
 
 
-def _offsets_error(options: SourceOptions, tp: tuple[str, int], error: object) -> BrokerError:
+def _offsets(consumer: Consumer, options: SourceOptions, tps: list[tuple[str, int]],
+             which: int) -> dict[tuple[str, int], int]:
+    found: dict[tuple[str, int], int] = {}
+    asked = list(tps)
+    stall = Stall(options.poll_timeout_ms / 1000.0, time.monotonic())
+    backoff = retries.Backoff()
+    while asked:
+        timeout = max(0.5, min(ATTEMPT_S, stall.last + stall.limit_s - time.monotonic()))
+        try:
+            answer = consumer.offsets_for_times([KafkaTP(t, p, which) for t, p in asked],
+                                                timeout)
+            # No error and no offset (-1001): the leader is not ready yet (broker.py).
+            failed = [(tp, tp.error if tp.error is not None else KafkaError(
+                KafkaError.LEADER_NOT_AVAILABLE, f"no offset yet ({tp.offset})"))
+                for tp in answer if tp.error is not None or tp.offset < 0]
+        except KafkaException as exc:
+            failed = [(KafkaTP(*asked[0]), exc.args[0] if exc.args else exc)]
+            answer = []
+        for tp in answer:
+            if tp.error is None and tp.offset >= 0:
+                found[(tp.topic, tp.partition)] = tp.offset
+        if not failed:
+            return found
+        first, error = failed[0]
+        for topic in sorted({tp.topic for tp, _ in failed}):  # stale leader epochs: broker.py
+            with contextlib.suppress(KafkaException):
+                consumer.list_topics(topic, timeout=2.0)
+        wait = backoff.next_s()
+        if len(failed) < len(asked):
+            stall.progressed(time.monotonic())
+            backoff.reset()
+        elif not retries.transient(error) or stall.expired(time.monotonic() + wait):
+            raise _offsets_error(consumer, options, (first.topic, first.partition), error,
+                                 stalled=retries.transient(error))
+        time.sleep(wait)
+        asked = [(tp.topic, tp.partition) for tp, _ in failed] if answer else asked
+    return found
+
+
+def _offsets_error(consumer: Consumer, options: SourceOptions, tp: tuple[str, int],
+                   error: object, stalled: bool) -> BrokerError:
+    budget = (f" (no answer for kafkaConsumer.pollTimeoutMs={options.poll_timeout_ms})"
+              if stalled else "")
     return BrokerError(f"topic {tp[0]}, partition {tp[1]}: cannot fetch offsets from "
-                       f"kafka.bootstrap.servers={options.bootstrap_servers!r}: {error}")
+                       f"kafka.bootstrap.servers={options.bootstrap_servers!r} "
+                       f"({retries.leader_of(consumer, *tp)}): {error}{budget}")

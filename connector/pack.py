@@ -23,6 +23,7 @@ from kwatermark.options import SourceOptions
 from kwatermark.range_end import Stall, advance, done, short
 from kwatermark.reader import Computed, Decoders, RangeReader, assemble, header_pairs
 from kwatermark.records import RecordBlock
+from kwatermark.retries import transient
 from kwatermark.security import refusal_hint
 
 
@@ -150,7 +151,8 @@ class PackReader:
             if remaining < before:
                 stall.progressed(now)
             elif stall.expired(now):
-                raise self._stalled(lanes)
+                remaining -= self._expired(lanes)
+                stall.progressed(now)
             if self._ready_rows >= size or not lanes:
                 batch = self._assemble()
                 if batch is not None:
@@ -185,9 +187,17 @@ class PackReader:
             self._settle_lane(lane)
         return covered
 
-    def _stalled(self, lanes: dict[tuple[str, int], list[_Pending]]) -> BrokerError:
-        waiting = next(iter(lanes.values()))[0]
-        return waiting.reader._stalled(waiting.position, waiting.end)
+    def _expired(self, lanes: dict[tuple[str, int], list[_Pending]]) -> int:
+        """As ``RangeReader._expired`` for every open range; returns the offsets covered."""
+        covered = 0
+        for lane in lanes.values():
+            for pending in lane:
+                if not pending.done:
+                    moved = pending.reader._expired(pending.position, pending.end)
+                    covered += moved - pending.position
+                    pending.position = moved
+            self._settle_lane(lane)
+        return covered
 
     def _compute(self, pending: _Pending) -> None:
         block = pending.block()
@@ -228,6 +238,9 @@ class PackReader:
         """As ``RangeReader._on_error``, for every range of the partition still open."""
         code = error.code()
         if code not in (KafkaError._PARTITION_EOF, KafkaError._AUTO_OFFSET_RESET,
+                        KafkaError.OFFSET_OUT_OF_RANGE) and transient(error):
+            return 0  # librdkafka moves to the new leader itself; the stall clock runs
+        if code not in (KafkaError._PARTITION_EOF, KafkaError._AUTO_OFFSET_RESET,
                         KafkaError.OFFSET_OUT_OF_RANGE):
             first = lane[0]
             task = first.reader.task
@@ -240,11 +253,14 @@ class PackReader:
                 continue
             if code == KafkaError._PARTITION_EOF:
                 # Every record before the log's end has been delivered: past `end`, the
-                # range's last offsets were gaps (compaction, transaction markers).
+                # range's last offsets were gaps (compaction, transaction markers). Before
+                # it: a wait (RangeReader._on_error).
+                pending.reader.ended_at = message.offset()
                 if message.offset() < pending.end:
-                    pending.reader._data_loss(
-                        f"the partition ended at offset {message.offset()} while offsets up "
-                        f"to {pending.end} were planned")
+                    moved = advance(pending.position, message.offset(), pending.end)
+                    covered += moved - pending.position
+                    pending.position = moved
+                    continue
             else:
                 pending.reader._data_loss(f"offset {pending.position} is out of range: "
                                           f"{error.str()}")

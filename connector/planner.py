@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from kwatermark import idle
 from kwatermark.arrow import OutputLayout
 from kwatermark.broker import KafkaMetadata
-from kwatermark.errors import DataLossError, OptionError
+from kwatermark.errors import BrokerError, DataLossError, OptionError
 from kwatermark.ledger import ProgressLedger, ProgressRecord
 from kwatermark.offsets import (
     BatchOffset,
@@ -137,12 +137,16 @@ class BatchPlanner:
         # the query progress's "latestOffset" (DESIGN §15); observation only.
         self.latest_seen: dict[TopicPartition, int] = {}
         self._announced: set[TopicPartition] = set()
+        # Each topic's id when first planned in this process, and since when a partition's
+        # end offset has been below what was read (_monotone).
+        self._topic_ids: dict[str, str] = {}
+        self._behind_since: dict[TopicPartition, float] = {}
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         # Driver-side observation stays on the driver: tasks never read it.
         state.update(_policy=None, _folded=None, latest_seen={}, _announced=set(),
-                     _known=[], _may_hold=None, _marks={})
+                     _known=[], _may_hold=None, _marks={}, _topic_ids={}, _behind_since={})
         return state
 
     def offset(self, data: object) -> BatchOffset:
@@ -283,7 +287,7 @@ class BatchPlanner:
                                 read_before={t for t, _ in start.partitions})
         self._checked = True
         begins = self._begins(start, current, previous)
-        latest = self.metadata.latest_offsets(list(begins))
+        latest = self._monotone(self.metadata.latest_offsets(list(begins)), begins)
         for tp, begin in list(begins.items()):
             if latest[tp] < begin:
                 self._loss(tp, f"its end offset went back from {begin} to {latest[tp]} "
@@ -339,6 +343,52 @@ class BatchPlanner:
         self._planned = True
         self._last_trigger_ms = now
         return BatchOffset(to_optional(watermark), partitions, planned_ms=now, holder=holds)
+
+    def _monotone(self, latest: dict[TopicPartition, int], begins: dict[TopicPartition, int]
+                  ) -> dict[TopicPartition, int]:
+        """End offsets never below where the next batch begins unless the topic was
+        recreated (DESIGN §20): a stale leader's answer (or one that has not caught up) is a
+        wait, not data loss. The topic's id tells a recreated topic (at once); a log that
+        stays shorter for ``kafkaConsumer.pollTimeoutMs`` under the same id (an unclean
+        leader election, or a topic recreated while the query was down) is data loss then.
+        Every other end offset passes unchanged."""
+        topics = {t for t, _ in begins}
+        unseen = topics - set(self._topic_ids)
+        if unseen:
+            self._topic_ids.update(self._ids(unseen))
+        behind = [tp for tp, begin in begins.items() if latest[tp] < begin]
+        now = time.monotonic()
+        for tp in set(self._behind_since) - set(behind):
+            del self._behind_since[tp]
+        if not behind:
+            return latest
+        ids = self._ids({t for t, _ in behind})
+        held = dict(latest)
+        for tp in behind:
+            before, current = self._topic_ids.get(tp[0]), ids.get(tp[0])
+            if current is not None and before is not None and current != before:
+                self._topic_ids[tp[0]] = current
+                continue  # recreated: data loss, at once
+            since = self._behind_since.setdefault(tp, now)
+            if (now - since) * 1000 >= self.options.poll_timeout_ms:
+                continue  # shorter for too long: data loss
+            self._warn_rarely(f"behind {tp}", (
+                f"topic {tp[0]}, partition {tp[1]}: the broker reported end offset "
+                f"{latest[tp]}, below {begins[tp]} already read, and the topic was not "
+                f"recreated: a leader that has not caught up answered; waiting (data loss "
+                f"only if it lasts kafkaConsumer.pollTimeoutMs="
+                f"{self.options.poll_timeout_ms})"))
+            held[tp] = begins[tp]
+        return held
+
+    def _ids(self, topics: set[str]) -> dict[str, str]:
+        """Topic ids, or none where the brokers cannot tell (a broker without topic ids, a
+        principal without DESCRIBE): then a backwards end is judged by time alone."""
+        try:
+            return self.metadata.topic_ids(topics)
+        except BrokerError as exc:
+            log.debug("no topic ids for %s: %s", sorted(topics), exc)
+            return {}
 
     def _clocked(self, state: PartitionState, now: int) -> PartitionState:
         if self._plans_clock is None:

@@ -29,6 +29,7 @@ from kwatermark.offsets import RangeTask
 from kwatermark.options import SourceOptions
 from kwatermark.range_end import Stall, advance, done, short
 from kwatermark.records import RecordBlock
+from kwatermark.retries import transient
 from kwatermark.security import refusal_hint
 from kwatermark.watermarks import (
     UNDEFINED,
@@ -79,6 +80,7 @@ class RangeReader:
         self.max_event = None
         self.max_row_watermark = UNDEFINED
         self.progress: ProgressRecord | None = None
+        self.ended_at: int | None = None  # the last end-of-partition offset seen
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         task = self.task
@@ -159,7 +161,7 @@ class RangeReader:
             if position > before:
                 stall.progressed(now)
             elif stall.expired(now):
-                raise self._stalled(position, end)
+                position = self._expired(position, end)
             if fault is not None and position > fault:
                 trip_fault(task)
                 fault = None
@@ -172,6 +174,16 @@ class RangeReader:
                 keys, values, offsets, ts, types = [], [], [], [], []
                 headers = [] if headers is not None else None
 
+    def _expired(self, position: int, end: int) -> int:
+        """No progress for ``kafkaConsumer.pollTimeoutMs``: the partition ended before the
+        range did all along (data loss, then the range is done), or a BrokerError."""
+        if self.ended_at is None or self.ended_at >= end or position > self.ended_at:
+            raise self._stalled(position, end)
+        self._data_loss(f"the partition ended at offset {self.ended_at} while offsets up to "
+                        f"{end} were planned, for kafkaConsumer.pollTimeoutMs="
+                        f"{self.options.poll_timeout_ms}")
+        return end
+
     def _stalled(self, position: int, end: int) -> BrokerError:
         task = self.task
         return BrokerError(
@@ -183,14 +195,16 @@ class RangeReader:
     def _on_error(self, error: KafkaError, message, position: int, end: int) -> int:
         task = self.task
         if error.code() == KafkaError._PARTITION_EOF:
-            # Gaps (compaction, transaction markers) can end the log before `end`.
-            if message.offset() < end:
-                self._data_loss(f"the partition ended at offset {message.offset()} while "
-                                f"offsets up to {end} were planned")
-            return end
+            # Gaps (compaction, transaction markers) can end the log before `end`. A log
+            # that ends before `end` may be a new leader whose high watermark has not caught
+            # up yet (DESIGN §20): a wait, data loss only if it lasts (_expired).
+            self.ended_at = message.offset()
+            return advance(position, message.offset(), end) if message.offset() < end else end
         if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
             self._data_loss(f"offset {position} is out of range: {error.str()}")
             return end
+        if transient(error):
+            return position  # librdkafka moves to the new leader itself; the stall clock runs
         raise BrokerError(f"topic {task.topic}, partition {task.partition}, offset "
                           f"{position}: {error.str()}{refusal_hint(error, self.options)}")
 

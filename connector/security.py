@@ -378,6 +378,20 @@ def _store_failure(store: _Store, password_option: str, what: str) -> OptionErro
                        f"{what}: wrong {password_option}, or not a {store.store_type} file")
 
 
+def _key_failure(store: _Store, key_password_given: bool) -> OptionError:
+    """The store opened but its private key did not: name the key's password."""
+    source = repr(store.location) if store.location else "the inline PEM"
+    if key_password_given:
+        opened = ("" if store.store_type == "PEM" and store.location is None else
+                  " (kafka.ssl.keystore.password opened the store)"
+                  if store.store_type != "PEM" else "")
+        return OptionError(f"option kafka.ssl.key.password: the key in {source} does not open "
+                           f"with it{opened}")
+    return OptionError(f"option kafka.ssl.key.password: the key in {source} is encrypted and "
+                       f"does not open with kafka.ssl.keystore.password: set "
+                       f"kafka.ssl.key.password")
+
+
 def read_truststore(store: _Store, password: str | None) -> str:
     """The trusted certificates of a truststore, as concatenated PEM."""
     from cryptography import x509
@@ -435,8 +449,11 @@ def read_keystore(store: _Store, store_password: str | None, key_password: str |
                               r"\1PRIVATE KEY-----", key_text, re.DOTALL)
             if block is None:
                 raise ValueError("no private key")
-            key = load_pem_private_key(block.group(0).encode(),
-                                       key_password.encode() if key_password else None)
+            try:
+                key = load_pem_private_key(block.group(0).encode(),
+                                           key_password.encode() if key_password else None)
+            except (ValueError, TypeError):
+                raise _key_failure(store, True) from None
             chain = x509.load_pem_x509_certificates(chain_text.encode()) if chain_text else []
         elif kind == "JKS":
             import jks
@@ -449,7 +466,10 @@ def read_keystore(store: _Store, store_password: str | None, key_password: str |
                                   f"keep only the client's key in this keystore")
             entry = entries[0]
             # Kafka decrypts the key with ssl.key.password, else the store password
-            entry.decrypt(key_password if key_password is not None else store_password)
+            try:
+                entry.decrypt(key_password if key_password is not None else store_password)
+            except Exception:  # noqa: BLE001 - pyjks's many types; never its text
+                raise _key_failure(store, key_password is not None) from None
             from cryptography.hazmat.primitives.serialization import load_der_private_key
 
             key = load_der_private_key(entry.pkey_pkcs8, None)
@@ -696,3 +716,68 @@ def tls_verify_reason(error_text: str, conf: Mapping[str, str], timeout_s: float
                 f"{exc.verify_message}")
     except (OSError, ValueError):  # not reachable now, or a CA file Python cannot read
         return ""
+
+
+# --- refusals that no retry mends (issue 33) --------------------------------------------------
+
+_SASL_FAILED = re.compile(r"SASL authentication (?:error|failed)|Authentication failed",
+                          re.IGNORECASE)
+# A TLS listener with ssl.client.auth=required: the broker's alert, as OpenSSL names it
+# (TLS 1.3 "certificate required", TLS 1.2 "bad certificate"/"handshake failure").
+_CERT_REQUIRED = re.compile(r"alert certificate required|alert bad certificate|"
+                            r"alert handshake failure|peer did not return a certificate",
+                            re.IGNORECASE)
+_UNTRUSTED = re.compile(r"self.signed certificate|unable to get local issuer|"
+                        r"unable to verify the first certificate|certificate has expired|"
+                        r"not yet valid|unable to get issuer", re.IGNORECASE)
+_HOST = re.compile(r"(?:Hostname|IP address) mismatch, certificate is not valid for "
+                   r"'([^']*)'", re.IGNORECASE)
+
+
+def refusal_cause(text: str, conf: Mapping[str, str], verified: str = "", jaas: bool = True
+                  ) -> str | None:
+    """The cause of a connection failure that no retry mends, in the user's options' terms,
+    or None when ``text`` (librdkafka's words for why a connection failed) is not one.
+
+    ``conf``: the translated (librdkafka) configuration the client used; ``verified``: what
+    a handshake of kwatermark's own said of the broker's certificate
+    (:func:`tls_verify_reason`), which tells an unknown CA from a host name mismatch where
+    librdkafka words both alike; ``jaas``: the credentials came in ``kafka.sasl.jaas.config``
+    (else librdkafka's ``kafka.sasl.password``). Never returns a secret.
+
+    >>> refusal_cause("SASL authentication error: Authentication failed: Invalid "
+    ...     "username or password", {"sasl.username": "alice", "sasl.mechanism": "PLAIN",
+    ...     "security.protocol": "sasl_ssl"})
+    "authentication failed for SASL user 'alice' (PLAIN): check the password in kafka.sasl.jaas.config"
+    """
+    trust = ("kafka.ssl.truststore.location" if conf.get("ssl.ca.pem") is not None
+             and conf.get("ssl.ca.location") is None else "kafka.ssl.ca.location"
+             if conf.get("ssl.ca.location") else "kafka.ssl.truststore.location (none is set: "
+             "the system's CAs were used)")
+    if "certificate verify failed" in text:
+        host = _HOST.search(verified)
+        if host:
+            return (f"the broker's certificate is not valid for host {host.group(1)}: use a "
+                    f"name in its certificate in kafka.bootstrap.servers (or set "
+                    f"kafka.ssl.endpoint.identification.algorithm to empty)")
+        if _UNTRUSTED.search(verified) or not verified:
+            reason = verified.rsplit(": ", 1)[-1].rstrip(".") if verified else \
+                "certificate verify failed"
+            return (f"the broker's certificate is not signed by a CA in {trust} "
+                    f"({reason})")
+        return f"the broker's certificate was refused: {verified.rsplit(': ', 1)[-1]}"
+    if _SASL_FAILED.search(text) and "SASL" in text.upper():
+        mechanism = conf.get("sasl.mechanism", "GSSAPI").upper()
+        user = conf.get("sasl.username")
+        if mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+            where = "kafka.sasl.jaas.config" if jaas else "kafka.sasl.password"
+            return (f"authentication failed for SASL user {user!r} ({mechanism}): check the "
+                    f"password in {where}")
+        return f"SASL authentication failed ({mechanism}): check kafka.sasl.* credentials"
+    if _CERT_REQUIRED.search(text) and "ssl" in conf.get("security.protocol", "").lower():
+        if not conf.get("ssl.certificate.pem") and not conf.get("ssl.certificate.location"):
+            return ("the listener wants a client certificate: set "
+                    "kafka.ssl.keystore.location (kafka.ssl.keystore.*)")
+        return ("the broker refused the client certificate of kafka.ssl.keystore.*: is it "
+                "signed by a CA the broker's ssl.truststore trusts, and still valid?")
+    return None

@@ -36,6 +36,7 @@ class FakeBroker:
     def __init__(self, tps: list[TopicPartition]):
         self.tps = tps
         self.ends = {tp: 0 for tp in tps}
+        self.ids = {t: f"id-of-{t}" for t, _ in tps}   # a recreated topic gets a new one
 
     def assigned_partitions(self, subscription) -> list[TopicPartition]:
         return list(self.tps)
@@ -48,6 +49,9 @@ class FakeBroker:
 
     def earliest_offsets(self, tps) -> dict[TopicPartition, int]:
         return {tp: 0 for tp in tps}
+
+    def topic_ids(self, topics) -> dict[str, str]:
+        return {t: self.ids[t] for t in topics if t in self.ids}
 
 
 # -- the independent reference ----------------------------------------------------------
@@ -318,3 +322,65 @@ def test_rows_stay_monotonic_when_an_excluded_partition_returns(tmp_path):
     # batch 4: p1 excluded again; p0 at 6000 - 1
     assert starts == [None, 999, 4999, 5999]
     assert marks == [[None, None], [999, 4999], [4999], [5999]]
+
+
+def _stale_leader_planner(tmp_path, poll_timeout_ms: str = "120000"):
+    options = parse_options({"kafka.bootstrap.servers": "fake:9092",
+                             "assign": json.dumps({TOPIC: [0, 1]}),
+                             "startingOffsets": "earliest",
+                             "kafkaConsumer.pollTimeoutMs": poll_timeout_ms,
+                             "watermark.stateLocation": str(tmp_path)})
+    planner = BatchPlanner(options, OutputLayout(), Decoders())
+    broker = FakeBroker([(TOPIC, 0), (TOPIC, 1)])
+    planner.metadata = broker
+    broker.ends = {(TOPIC, 0): 10, (TOPIC, 1): 10}
+    return planner, broker, _planned(planner, planner.initial_offset())
+
+
+def _planned(planner: BatchPlanner, start: BatchOffset) -> BatchOffset:
+    """The next batch, its tasks' progress records published as if they had read it."""
+    end = planner.latest_offset(start, ReadLimits())
+    for task in planner.tasks(end):
+        _, progress = read_task(planner, task, list(range(1_000, 1_020)), 5)
+        planner.ledger.publish(task, planner.fingerprint, progress)
+    return end
+
+
+def test_an_end_offset_going_back_without_the_topic_recreated_is_a_wait(tmp_path):
+    """DESIGN §20: a leader that has not caught up answers below what was read; the plan
+    keeps the end it already read for that partition and goes on with the others."""
+    planner, broker, first = _stale_leader_planner(tmp_path)
+    broker.ends = {(TOPIC, 0): 7, (TOPIC, 1): 12}          # p0 behind: a stale answer
+    second = _planned(planner, first)
+    assert {tp: (r.start, r.end) for tp, r in second.partitions.items()} == {
+        (TOPIC, 0): (10, 10), (TOPIC, 1): (10, 12)}
+    broker.ends = {(TOPIC, 0): 15, (TOPIC, 1): 12}         # caught up: read on
+    third = planner.latest_offset(second, ReadLimits())
+    assert third.partitions[(TOPIC, 0)].start == 10 and third.partitions[(TOPIC, 0)].end == 15
+
+
+def test_an_end_offset_going_back_in_a_recreated_topic_is_data_loss_at_once(tmp_path):
+    import pytest
+
+    from kwatermark.errors import DataLossError
+
+    planner, broker, first = _stale_leader_planner(tmp_path)
+    broker.ends = {(TOPIC, 0): 3, (TOPIC, 1): 3}
+    broker.ids = {TOPIC: "a-new-id"}                       # deleted and created again
+    with pytest.raises(DataLossError, match="went back from 10 to 3"):
+        planner.latest_offset(first, ReadLimits())
+
+
+def test_an_end_offset_that_stays_behind_for_poll_timeout_is_data_loss(tmp_path):
+    import time
+
+    import pytest
+
+    from kwatermark.errors import DataLossError
+
+    planner, broker, first = _stale_leader_planner(tmp_path, poll_timeout_ms="1000")
+    broker.ends = {(TOPIC, 0): 3, (TOPIC, 1): 10}
+    planner.latest_offset(first, ReadLimits())             # a wait, at first
+    time.sleep(1.1)
+    with pytest.raises(DataLossError, match="went back from 10 to 3"):
+        planner.latest_offset(first, ReadLimits())

@@ -81,24 +81,25 @@ def test_the_full_traceback_stays_on_request(monkeypatch):
 
 
 def test_a_broker_failure_names_each_kind_of_connection_error_in_the_order_they_came():
-    # librdkafka words the first failed TLS handshake and its repeats differently; the CI run
-    # of be2bfe8 reported only the terse repeat, which lacks "SSL handshake failed".
+    # librdkafka words the first failure of a kind and its repeats differently (the CI run
+    # of be2bfe8 reported only the terse repeat of a TLS failure, which lacks its cause).
     from confluent_kafka import KafkaError, KafkaException
 
     from kwatermark.broker import KafkaMetadata
     from kwatermark.options import parse_options
 
     metadata = KafkaMetadata(parse_options({"kafka.bootstrap.servers": "127.0.0.1:1",
-                                            "subscribe": "t", "fetchOffset.numRetries": "0"}))
-    first = ("ssl://127.0.0.1:1/bootstrap: SSL handshake failed: error:0A000086:SSL "
-             "routines::certificate verify failed: broker certificate could not be verified")
-    repeat = ("ssl://127.0.0.1:1/bootstrap: error:0A000086:SSL routines::certificate verify "
-              "failed (after {} ms in state SSL_HANDSHAKE)")
+                                            "subscribe": "t", "fetchOffset.numRetries": "0",
+                                            "kafkaConsumer.pollTimeoutMs": "1000"}))
+    first = ("127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused "
+             "(after 0ms in state CONNECT)")
+    repeat = ("127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused "
+              "(after 0ms in state CONNECT, {} identical error(s) suppressed)")
     for text in (first, repeat.format(3), repeat.format(4), "1/1 brokers are down"):
-        code = KafkaError._ALL_BROKERS_DOWN if "down" in text else KafkaError._SSL
+        code = KafkaError._ALL_BROKERS_DOWN if "down" in text else KafkaError._TRANSPORT
         metadata._record_connection_error(KafkaError(code, text))
 
-    def timed_out():
+    def timed_out(_timeout):
         raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Broker transport failure"))
 
     with pytest.raises(BrokerError) as failure:
@@ -106,3 +107,93 @@ def test_a_broker_failure_names_each_kind_of_connection_error_in_the_order_they_
     message = str(failure.value)
     assert f"connection errors: {first} | {repeat.format(3)}" in message, message
     assert repeat.format(4) not in message and "brokers are down" not in message
+    assert message.endswith("as no broker has answered since the query started: is the "
+                            "address right?)"), message
+
+
+@pytest.mark.parametrize("text, cause", [
+    (("ssl://127.0.0.1:1/bootstrap: SSL handshake failed: error:0A000086:SSL routines::"
+     "certificate verify failed: broker certificate could not be verified"),
+     "the broker's certificate is not signed by a CA in kafka.ssl.truststore.location"),
+    (("sasl_ssl://127.0.0.1:1/bootstrap: SASL authentication error: Authentication failed "
+     "during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512"),
+     ("authentication failed for SASL user 'alice' (SCRAM-SHA-512): check the password in "
+     "kafka.sasl.jaas.config")),
+], ids=["untrusted", "sasl"])
+def test_a_refusal_no_retry_mends_fails_at_the_first_answer_naming_its_cause(text, cause):
+    from confluent_kafka import KafkaError, KafkaException
+
+    from kwatermark.broker import KafkaMetadata
+    from kwatermark.options import parse_options
+    from kwatermark.security import SCRAM_MODULE
+
+    metadata = KafkaMetadata(parse_options({
+        "kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t",
+        "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "SCRAM-SHA-512",
+        "kafka.sasl.jaas.config": f'{SCRAM_MODULE} required username="alice" '
+                                  f'password="secret-9";'}))
+    calls = []
+
+    def refused(_timeout):
+        calls.append(1)
+        metadata._record_connection_error(KafkaError(KafkaError._AUTHENTICATION, text))
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Broker transport failure"))
+
+    with pytest.raises(BrokerError) as failure:
+        metadata._retrying("listing topics", refused)
+    message = str(failure.value)
+    assert message.startswith(cause), message
+    assert "is the address right" not in message and "secret-9" not in message
+    assert calls == [1]
+
+
+def test_a_listing_asks_again_only_for_the_partitions_not_answered_yet():
+    """DESIGN §20: a partition answered with a transient error, or with no offset (-1001:
+    its leader not ready), is asked again alone; the others' answers are kept."""
+    from concurrent.futures import Future
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    from kwatermark.broker import KafkaMetadata
+    from kwatermark.options import parse_options
+
+    class Answer:
+        def __init__(self, offset):
+            self.offset = offset
+
+    class Admin:
+        def __init__(self):
+            self.asked = []
+            self.answers = [{0: -1001, 1: 5, 2: KafkaError.NOT_LEADER_FOR_PARTITION},
+                            {0: 7, 2: KafkaError.FENCED_LEADER_EPOCH}, {2: 9}]
+
+        def list_offsets(self, specs, **_):
+            self.asked.append(sorted(tp.partition for tp in specs))
+            answer = self.answers.pop(0)
+            futures = {}
+            for tp in specs:
+                future = Future()
+                value = answer[tp.partition]
+                if value in (KafkaError.NOT_LEADER_FOR_PARTITION,
+                             KafkaError.FENCED_LEADER_EPOCH):
+                    future.set_exception(KafkaException(KafkaError(value)))
+                else:
+                    future.set_result(Answer(value))
+                futures[tp] = future
+            return futures
+
+        def poll(self, _):
+            return 0
+
+        def list_topics(self, topic=None, timeout=None):
+            self.refreshed.append(topic)  # librdkafka's cached leader epochs renewed
+
+    metadata = KafkaMetadata(parse_options({"kafka.bootstrap.servers": "127.0.0.1:1",
+                                            "subscribe": "t"}))
+    admin = Admin()
+    admin.refreshed = []
+    metadata._admin = admin
+    assert metadata.latest_offsets([("t", 0), ("t", 1), ("t", 2)]) == {
+        ("t", 0): 7, ("t", 1): 5, ("t", 2): 9}
+    assert admin.asked == [[0, 1, 2], [0, 2], [2]]
+    assert admin.refreshed == ["t", "t"]
