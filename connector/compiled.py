@@ -37,6 +37,7 @@ from kwatermark.range_end import Stall, advance, done
 from kwatermark.rdkafka_log import librdkafka_logger
 from kwatermark.reader import RangeReader
 from kwatermark.records import RecordBlock
+from kwatermark.retries import transient
 from kwatermark.security import refusal_hint
 
 log = logging.getLogger("kwatermark.compiled")
@@ -249,7 +250,10 @@ class CompiledReader:
             if sum(lane.c.end - lane.c.position for lane in open_lanes) < remaining:
                 stall.progressed(now)
             elif stall.expired(now):
-                raise still[0].reader._stalled(still[0].c.position, still[0].c.end)
+                for lane in still:   # as PackReader._expired: data loss or a BrokerError
+                    lane.c.position = lane.reader._expired(lane.c.position, lane.c.end)
+                stall.progressed(now)
+                still = [lane for lane in still if not done(lane.c.position, lane.c.end)]
             open_lanes = still
             if ready and (ready_rows >= size or not open_lanes):
                 yield ready
@@ -266,6 +270,8 @@ class CompiledReader:
         task = first.reader.task
         if code not in (KafkaError._PARTITION_EOF, KafkaError._AUTO_OFFSET_RESET,
                         KafkaError.OFFSET_OUT_OF_RANGE):
+            if transient(KafkaError(code, text)):
+                return  # librdkafka moves to the new leader itself; the stall clock runs
             raise BrokerError(f"topic {task.topic}, partition {task.partition}, offset "
                               f"{first.c.position}: {text}"
                               f"{refusal_hint(KafkaError(code, text), self.options)}")
@@ -275,10 +281,12 @@ class CompiledReader:
                 continue
             if code == KafkaError._PARTITION_EOF:
                 # Every record before the log's end has been delivered: past `end`, the
-                # range's last offsets were gaps (compaction, transaction markers).
+                # range's last offsets were gaps (compaction, transaction markers). Before
+                # it: a new leader catching up, a wait (RangeReader._on_error, _expired).
+                lane.reader.ended_at = offset
                 if offset < lane.c.end:
-                    lane.reader._data_loss(f"the partition ended at offset {offset} while "
-                                           f"offsets up to {lane.c.end} were planned")
+                    lane.c.position = advance(lane.c.position, offset, lane.c.end)
+                    continue
             else:
                 lane.reader._data_loss(f"offset {lane.c.position} is out of range: {text}")
             lane.c.position = lane.c.end
