@@ -326,22 +326,21 @@ def _run_live(bootstrap: str, topic: str, per_partition: int, lag_ms: int, produ
     is the closing records' event time minus the delay; kwatermark's: the one whose combined
     watermark is the final one). Returns event time 0 of the output (epoch ms)."""
     checkpoints = [tempfile.mkdtemp(prefix="kwatermark-demo-") for _ in queries]
-    running = [_start(frame, route, cp, {"processingTime": trigger})
-               for (frame, route), cp in zip(queries, checkpoints)]
+    running: list = []
     try:
         deadline = time.monotonic() + timeout_s
-        restarts = 0
-        while not all(q.lastProgress is not None
-                      or q.status["message"] == "Waiting for data to arrive" for q in running):
-            for i, query in enumerate(running):
-                if restarts < RESTARTS and _worker_did_not_connect(query.exception()):
+        # One after the other: each query waits for data before the next starts, so their
+        # Python workers do not start at the same time.
+        for (frame, route), checkpoint in zip(queries, checkpoints):
+            running.append(_start(frame, route, checkpoint, {"processingTime": trigger}))
+            restarts = 0
+            while not _waiting_for_data(running[-1]):
+                if restarts < RESTARTS and _worker_did_not_connect(running[-1].exception()):
                     restarts += 1
-                    frame, route = queries[i]
                     _restarting(route)
-                    running[i] = _start(frame, route, checkpoints[i],
-                                        {"processingTime": trigger})
-            _check_running(running, deadline)
-            time.sleep(0.5)
+                    running[-1] = _start(frame, route, checkpoint, {"processingTime": trigger})
+                _check_running(running, deadline)
+                time.sleep(0.5)
         t0 = int(time.time() * 1000)
         t0 -= t0 % SIZE
         print(f"topic {topic}: written live from now on (event time +0 s = {_utc(t0)}): one "
@@ -369,6 +368,10 @@ def _run_live(bootstrap: str, topic: str, per_partition: int, lag_ms: int, produ
         for query in running:
             query.stop()
     return t0
+
+
+def _waiting_for_data(query) -> bool:
+    return query.lastProgress is not None or query.status["message"] == "Waiting for data to arrive"
 
 
 def _check_running(queries, deadline: float) -> None:
