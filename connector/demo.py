@@ -70,14 +70,14 @@ def demo_records(per_partition: int, lag_ms: int, t0: int = T0) -> list[tuple[in
     per partition 10 s after everything else (its window stays open)."""
     records = [(p, t0 + i * STEP_MS - (lag_ms if p == LAGGING else 0), f"k{i % KEYS}".encode())
                for i in range(per_partition) for p in range(PARTITIONS)]
-    return records + closing_records(t0 + per_partition * STEP_MS)
+    return records + closing_records(max(ts for _, ts, _ in records))
 
 
-def closing_records(after_ms: int) -> list[tuple[int, int, bytes]]:
-    """One record per partition at the start of the window 10 s after ``after_ms``: the
-    windows before it are complete by every partition's watermark."""
-    close = after_ms + SIZE
-    close -= close % SIZE
+def closing_records(last_ms: int) -> list[tuple[int, int, bytes]]:
+    """One record per partition at the end of the window of ``last_ms`` (the highest event
+    time written) plus Spark's delay: every window before it is complete by every
+    partition's watermark, and by Spark's (the highest event time minus the delay) too."""
+    close = last_ms - last_ms % SIZE + SIZE + DELAY_MS
     return [(p, close, b"k0") for p in range(PARTITIONS)]
 
 
@@ -111,6 +111,7 @@ def produce_live(bootstrap: str, topic: str, per_partition: int, lag_ms: int,
     minus ``lag_ms``); then the closing records."""
     producer = _producer(bootstrap)
     started = time.time()
+    now = 0
     for i in range(per_partition):
         now = int(time.time() * 1000)
         for p in range(PARTITIONS):
@@ -120,7 +121,7 @@ def produce_live(bootstrap: str, topic: str, per_partition: int, lag_ms: int,
         producer.poll(0)
         time.sleep(max(0.0, started + (i + 1) * STEP_MS / 1000 - time.time()))
     producer.flush(30)
-    for p, ts, key in closing_records(int(time.time() * 1000)):
+    for p, ts, key in closing_records(now):
         producer.produce(topic, partition=p, timestamp=ts, key=key, value=b"click",
                          on_delivery=produced.delivered)
         producer.flush(30)
