@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kwatermark import maven
 from kwatermark.errors import KWatermarkError
 from kwatermark.maven import MAVEN_HINT, cache_root, pom_property, resolve
 
@@ -50,12 +51,9 @@ def kafka_version() -> str:
 
 
 def require_tool(name: str, what: str) -> str:
-    found = shutil.which(name)
-    if not found:
-        raise KWatermarkError(f"the local Apache Kafka needs `{name}` on PATH: install {what}, "
-                              f"or use the bundled broker (--kind tansu) or your own "
-                              f"(KAFKA_BOOTSTRAP_SERVERS)")
-    return found
+    return maven.require_tool(name, what, "the local Apache Kafka",
+                              "use the bundled broker (--kind tansu) or your own "
+                              "(KAFKA_BOOTSTRAP_SERVERS)")
 
 
 def runtime_classpath() -> str:

@@ -30,6 +30,16 @@ MAVEN_HINT = "Maven 3 (apt-get install maven)"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Maven colours its output even with -B at times
 
 
+def require_tool(name: str, what: str, needed_by: str, otherwise: str) -> str:
+    """The path of ``name``, or an error saying who needs it, what to install, and what
+    else the user can do (``otherwise``)."""
+    found = shutil.which(name)
+    if not found:
+        raise KWatermarkError(f"{needed_by} needs `{name}` on PATH: install {what}, or "
+                              f"{otherwise}")
+    return found
+
+
 def cache_root() -> Path:
     """Where resolved jars live: ``$KWATERMARK_CACHE``, else ``$XDG_CACHE_HOME/kwatermark``,
     else ``~/.cache/kwatermark``."""

@@ -36,6 +36,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from kwatermark import maven
 from kwatermark.errors import KWatermarkError
 from kwatermark.kafkabroker import _tail, cache_root, die_with_parent, free_port
 
@@ -48,12 +49,8 @@ CCOMPAT_PATH = "/apis/ccompat/v7"
 
 
 def require_tool(name: str, what: str) -> str:
-    found = shutil.which(name)
-    if not found:
-        raise KWatermarkError(f"the local Schema Registry needs `{name}` on PATH: install "
-                              f"{what}, or point value.schema.registry.url at a registry of "
-                              f"your own")
-    return found
+    return maven.require_tool(name, what, "the local Schema Registry",
+                              "point value.schema.registry.url at a registry of your own")
 
 
 def runtime_dir() -> Path:
