@@ -53,6 +53,11 @@ log = logging.getLogger("kwatermark.planner")
 
 # A stream waiting for a missing topic says so at once, then at most this often.
 MISSING_WARNING_EVERY_MS = 10 * 60_000
+# A topic created a moment ago may not be known yet to the broker that answers the metadata
+# request (a cluster spreads new topics' metadata within moments; Kafka's Java admin retries
+# UNKNOWN_TOPIC_OR_PARTITION until default.api.timeout.ms): ask again this long before a
+# missing topic fails a query's start.
+MISSING_TOPIC_WAIT_S = 10.0
 
 
 def now_ms() -> int:
@@ -229,11 +234,16 @@ class BatchPlanner:
         and a pattern matching nothing, are warned about at most every
         MISSING_WARNING_EVERY_MS."""
         subscription = self.options.subscription
-        tps, missing = self.metadata.coverage(subscription)
-        topics = [t for t, p in missing if p is None]
-        where = f"kafka.bootstrap.servers={self.options.bootstrap_servers!r}"
         known = set(read_before)
-        never_read = [t for t in topics if t not in known]
+        deadline = time.monotonic() + MISSING_TOPIC_WAIT_S
+        while True:
+            tps, missing = self.metadata.coverage(subscription)
+            topics = [t for t, p in missing if p is None]
+            never_read = [t for t in topics if t not in known]
+            if not (never_read and fail_if_missing) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        where = f"kafka.bootstrap.servers={self.options.bootstrap_servers!r}"
         if never_read and fail_if_missing:
             raise OptionError(
                 f"option {subscription.kind}: {', '.join(f'topic {t}' for t in never_read)} "
