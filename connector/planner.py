@@ -58,6 +58,9 @@ MISSING_WARNING_EVERY_MS = 10 * 60_000
 # UNKNOWN_TOPIC_OR_PARTITION until default.api.timeout.ms): ask again this long before a
 # missing topic fails a query's start.
 MISSING_TOPIC_WAIT_S = 10.0
+# How long a (re)started query asks again for an end offset below what it has read before
+# taking it as a recreated topic (BatchPlanner._monotone).
+BACKWARDS_RECHECK_S = 5.0
 
 
 def now_ms() -> int:
@@ -367,6 +370,22 @@ class BatchPlanner:
         if unseen:
             self._topic_ids.update(self._ids(unseen))
         behind = [tp for tp, begin in begins.items() if latest[tp] < begin]
+        # A topic whose id this process learns only now (a query (re)started from its
+        # checkpoint) cannot show that it was recreated: ask its end offsets again for a
+        # few seconds, the time a new leader's high watermark takes to catch up, and take
+        # a log still shorter than what was read as a recreated topic (data loss, which
+        # failOnDataLoss judges), not as a wait that would hold the query for
+        # kafkaConsumer.pollTimeoutMs.
+        fresh = [tp for tp in behind if tp[0] in unseen]
+        deadline = time.monotonic() + BACKWARDS_RECHECK_S
+        while fresh and time.monotonic() < deadline:
+            time.sleep(0.5)
+            again = self.metadata.latest_offsets(fresh)
+            latest.update(again)
+            fresh = [tp for tp in fresh if latest[tp] < begins[tp]]
+        behind = [tp for tp, begin in begins.items() if latest[tp] < begin]
+        for tp in fresh:
+            self._behind_since[tp] = time.monotonic() - self.options.poll_timeout_ms / 1000
         now = time.monotonic()
         for tp in set(self._behind_since) - set(behind):
             del self._behind_since[tp]
