@@ -43,7 +43,8 @@ def planned_at(checkpoint: str) -> dict[int, int]:
     for name in os.listdir(os.path.join(checkpoint, "offsets")):
         if name.isdigit():
             with open(os.path.join(checkpoint, "offsets", name)) as handle:
-                out[int(name)] = json.loads(handle.read().splitlines()[2])["plannedAt"]
+                out[int(name)] = BatchOffset.from_json(
+                    json.loads(handle.read().splitlines()[2])).planned_ms
     return out
 
 
