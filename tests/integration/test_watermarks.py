@@ -7,6 +7,7 @@ import shutil
 
 from pyspark.sql import functions as F
 
+from kwatermark.offsets import BatchOffset
 from tests.support.kafka import Record
 from tests.support.secrets import spark_output
 from tests.support.streams import (
@@ -123,7 +124,8 @@ def test_restart_keeps_every_partitions_state(spark, broker, topic_factory, chec
     after, query = run_available_now(frame, checkpoint)
     # Not reset to null: partition 1 still holds the minimum at 3000 - 1.
     assert [wm_ms(r) for r in after.rows] == [2_999]
-    assert progress_offset(query.lastProgress["sources"][0]["endOffset"])["watermark"] == 2_999
+    end = BatchOffset.from_json(progress_offset(query.lastProgress["sources"][0]["endOffset"]))
+    assert end.watermark == 2_999
 
 
 def test_lost_progress_record_is_recomputed_with_the_same_result(
