@@ -46,6 +46,7 @@ log = logging.getLogger("kwatermark.compiled")
 # values and header values, whichever comes first: Arrow's binary columns have 32-bit offsets.
 MAX_BLOCK_BYTES = 256 << 20
 ERROR_TEXT = 512
+MAX_PARTITIONS = 1 << 16   # leaders read per topic (a topic has at most some thousands)
 
 try:
     from kwatermark._fastread import ffi, lib
@@ -155,6 +156,25 @@ class _Client:
         return [SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=offsets[i],
                                 error=KafkaError(errors[i]) if errors[i] else None)
                 for i, tp in enumerate(tps)]
+
+    def list_topics(self, topic: str, timeout: float) -> SimpleNamespace:
+        """``topic``'s metadata, shaped as confluent-kafka's ``ClusterMetadata`` where
+        ``kwatermark.consumer`` and ``retries.leader_of`` read it (each partition's leader,
+        the brokers' addresses). Asking refreshes librdkafka's cached leaders and epochs."""
+        leaders = ffi.new("int32_t[]", [-1] * MAX_PARTITIONS)
+        brokers = ffi.new("char[]", 8192)
+        count = lib.kw_metadata(self.handle, topic.encode(), int(timeout * 1000), leaders,
+                                MAX_PARTITIONS, brokers, 8192)
+        if count < 0:
+            raise KafkaException(KafkaError(-count))
+        nodes = {}
+        for line in ffi.string(brokers).decode(errors="replace").splitlines():
+            node, host, port = line.split(" ")
+            nodes[int(node)] = SimpleNamespace(id=int(node), host=host, port=int(port))
+        partitions = {p: SimpleNamespace(id=p, leader=leaders[p])
+                      for p in range(min(count, MAX_PARTITIONS))}
+        return SimpleNamespace(brokers=nodes, topics={
+            topic: SimpleNamespace(topic=topic, partitions=partitions, error=None)})
 
     def close(self) -> None:
         lib.kw_close(self.handle)

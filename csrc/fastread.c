@@ -43,6 +43,38 @@ typedef struct rd_kafka_topic_partition_list_s {
     rd_kafka_topic_partition_t *elems;
 } rd_kafka_topic_partition_list_t;
 
+typedef struct rd_kafka_metadata_broker {
+    int32_t id;
+    char *host;
+    int port;
+} rd_kafka_metadata_broker_t;
+
+typedef struct rd_kafka_metadata_partition {
+    int32_t id;
+    int err;
+    int32_t leader;
+    int replica_cnt;
+    int32_t *replicas;
+    int isr_cnt;
+    int32_t *isrs;
+} rd_kafka_metadata_partition_t;
+
+typedef struct rd_kafka_metadata_topic {
+    char *topic;
+    int partition_cnt;
+    rd_kafka_metadata_partition_t *partitions;
+    int err;
+} rd_kafka_metadata_topic_t;
+
+typedef struct rd_kafka_metadata {
+    int broker_cnt;
+    rd_kafka_metadata_broker_t *brokers;
+    int topic_cnt;
+    rd_kafka_metadata_topic_t *topics;
+    int32_t orig_broker_id;
+    char *orig_broker_name;
+} rd_kafka_metadata_t;
+
 #define RD_KAFKA_CONSUMER 1
 #define RD_KAFKA_CONF_OK 0
 #define RD_KAFKA_RESP_ERR_NO_ERROR 0
@@ -80,6 +112,8 @@ static struct {
     void (*tpl_destroy)(rd_kafka_topic_partition_list_t *);
     int (*position)(rd_kafka_t *, rd_kafka_topic_partition_list_t *);
     int (*offsets_for_times)(rd_kafka_t *, rd_kafka_topic_partition_list_t *, int);
+    int (*metadata)(rd_kafka_t *, int, rd_kafka_topic_t *, const rd_kafka_metadata_t **, int);
+    void (*metadata_destroy)(const rd_kafka_metadata_t *);
 } rk;
 
 /* cffi's extern "Python+C": librdkafka's log lines, to Python logging. */
@@ -134,6 +168,8 @@ int kw_load(const char *path, char *err, size_t errlen) {
     LOOKUP(tpl_destroy, "rd_kafka_topic_partition_list_destroy");
     LOOKUP(position, "rd_kafka_position");
     LOOKUP(offsets_for_times, "rd_kafka_offsets_for_times");
+    LOOKUP(metadata, "rd_kafka_metadata");
+    LOOKUP(metadata_destroy, "rd_kafka_metadata_destroy");
     rk.loaded = 1;
     return 0;
 }
@@ -211,6 +247,47 @@ int kw_offsets(kw_reader *r, const char **topics, const int32_t *partitions,
     }
     rk.tpl_destroy(list);
     return e;
+}
+
+int kw_metadata(kw_reader *r, const char *topic, int timeout_ms, int32_t *leaders, int cap,
+                char *brokers, size_t blen) {
+    rd_kafka_topic_t *t = rk.topic_new(r->rk, topic, NULL);
+    if (!t)
+        return -rk.last_error();
+    const rd_kafka_metadata_t *md = NULL;
+    int e = rk.metadata(r->rk, 0, t, &md, timeout_ms);
+    rk.topic_destroy(t);
+    if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
+        return -e;
+    int count = 0;
+    for (int i = 0; i < md->topic_cnt; i++) {
+        const rd_kafka_metadata_topic_t *mt = &md->topics[i];
+        if (strcmp(mt->topic, topic) != 0)
+            continue;
+        if (mt->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+            e = mt->err;
+            break;
+        }
+        for (int p = 0; p < mt->partition_cnt; p++) {
+            int32_t id = mt->partitions[p].id;
+            if (id >= 0 && id < cap)
+                leaders[id] = mt->partitions[p].leader;
+            if (id + 1 > count)
+                count = id + 1;
+        }
+    }
+    size_t used = 0;
+    if (blen)
+        brokers[0] = '\0';
+    for (int i = 0; i < md->broker_cnt && used < blen; i++) {
+        int w = snprintf(brokers + used, blen - used, "%d %s %d\n", md->brokers[i].id,
+                         md->brokers[i].host, md->brokers[i].port);
+        if (w < 0 || (size_t)w >= blen - used)
+            break;
+        used += (size_t)w;
+    }
+    rk.metadata_destroy(md);
+    return e ? -e : count;
 }
 
 int kw_add_lane(kw_reader *r, const char *topic, int32_t partition, int64_t position,

@@ -58,6 +58,12 @@ kw_reader *kw_open(const char **names, const char **values, int nconf, int heade
                    int64_t max_records, int64_t max_bytes, char *err, size_t errlen);
 int kw_offsets(kw_reader *r, const char **topics, const int32_t *partitions,
                int64_t *offsets, int32_t *errors, int n, int timeout_ms);
+/* Ask the brokers for `topic`'s metadata (this also refreshes librdkafka's cached leaders and
+ * leader epochs): each partition's leader into leaders[partition] (for partitions < cap),
+ * the brokers as "id host port\n" lines into `brokers`. Returns the partition count, or a
+ * negative librdkafka error code. */
+int kw_metadata(kw_reader *r, const char *topic, int timeout_ms, int32_t *leaders, int cap,
+                char *brokers, size_t blen);
 int kw_add_lane(kw_reader *r, const char *topic, int32_t partition, int64_t position,
                 int64_t end);
 kw_lane *kw_lane_at(kw_reader *r, int i);

@@ -16,16 +16,19 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import Consumer
 
 from kwatermark import compiled
+from kwatermark.consumer import task_conf
 from kwatermark.arrow import OutputLayout
-from kwatermark.errors import OptionError
+from kwatermark.errors import BrokerError, OptionError
 from kwatermark.offsets import PartitionState, RangeTask
 from kwatermark.options import parse_options
 from kwatermark.pack import PackReader
 from kwatermark.reader import Decoders
+from kwatermark.retries import leader_of
 from kwatermark.watermarks import NO_PARTITIONS
-from tests.support.kafka import Record
+from tests.support.kafka import Record, TopicWriter
 from tests.support.transactions import TransactionalWriter, end_offsets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,3 +149,40 @@ def test_both_engines_give_identical_arrow_rows(broker, isolation):
                            fast.column("value").to_pylist()))
             assert got == wanted, (spans, headers)
     assert any(v is not None and len(v) == MIB for *_, v in truth)
+
+
+@pytest.mark.skipif(compiled.unavailable() is not None, reason="compiled engine not built")
+def test_both_engines_name_the_partition_and_its_leader_when_offsets_fail(broker):
+    """A task's offsets query that fails refreshes the topic's metadata and, when no retry
+    mends it, names topic, partition and broker: the same on both engines (the compiled
+    engine's client once had no metadata call, so its first failed query, as a rolling
+    restart gives, ended the query with an AttributeError)."""
+    topic = broker.create_topic(1)
+    TopicWriter(broker, topic).send([Record(0, 1_000, value=b"a")])
+    for engine in ("python", "compiled"):
+        options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
+                                 "subscribe": topic, "readEngine": engine,
+                                 "kafkaConsumer.pollTimeoutMs": "2000"})
+        task = RangeTask(topic, 3, 0, 1, PartitionState(), True, None, NO_PARTITIONS)
+        pack = PackReader(options, OutputLayout(), Decoders(), [task])
+        with pytest.raises(BrokerError) as failed:
+            list(pack)
+        assert f"topic {topic}, partition 3: cannot fetch offsets from " \
+               f"kafka.bootstrap.servers={broker.bootstrap_servers!r}" in str(failed.value)
+        assert "AttributeError" not in str(failed.value)
+    conf = task_conf(parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
+                                    "subscribe": topic}), 1)
+    conf.pop("group.id")
+    conf.pop("logger", None)
+    client = compiled._Client(conf, False, 100)
+    python = Consumer(task_conf(parse_options({"kafka.bootstrap.servers":
+                                                broker.bootstrap_servers,
+                                                "subscribe": topic}), 1))
+    try:
+        named = {leader_of(c, topic, 0) for c in (client, python)}
+    finally:
+        client.close()
+        python.close()
+    host, port = broker.bootstrap_servers.split(",")[0].rsplit(":", 1)
+    assert len(named) == 1 and re.fullmatch(rf"leader node \d+ at [\w.]+:{port}",
+                                            named.pop()), named
