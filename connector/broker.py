@@ -35,6 +35,7 @@ TIMESTAMP_LOOKUP = "looking up offsets by timestamp"
 # handshake before its attempt ends: the first one is short.
 FIRST_ATTEMPT_S = 1.0
 ATTEMPT_S = 5.0
+LEADER_CHECK_S = 0.5   # how often a retried offsets request asks whether its leader moved
 
 
 class Progress(Exception):
@@ -290,19 +291,33 @@ class KafkaMetadata:
         isolation = dict(self.options.kafka_conf).get("isolation.level", "read_uncommitted")
         found: dict[TopicPartition, int] = {}
         timed = set(specs) if what == TIMESTAMP_LOOKUP else set()
+        retried = False   # an attempt has failed or answered in part
 
         def fetch(timeout: float):
+            nonlocal retried
             from confluent_kafka import IsolationLevel
             level = (IsolationLevel.READ_COMMITTED if isolation == "read_committed"
                      else IsolationLevel.READ_UNCOMMITTED)
             asked = {tp: spec for tp, spec in specs.items() if tp not in found}
+            # Asked again after a failure: a request queued for a leader that is down waits
+            # out its whole timeout in librdkafka, even once another broker leads; note the
+            # leaders now and stop waiting when one of them changes.
+            leaders = self._leaders(set(asked), timeout) if retried else None
+            retried = True
             futures = self.admin.list_offsets(
                 {KafkaTP(t, p): spec for (t, p), spec in asked.items()},
                 isolation_level=level, request_timeout=timeout)
-            self._await(futures, timeout)
+            moved = None if leaders is None else (
+                lambda: self._leaders(set(leaders), 1.0) != leaders)
+            self._await(futures, timeout, moved)
             failed: list[tuple[TopicPartition, KafkaException]] = []
             for tp, future in futures.items():
                 key = (tp.topic, tp.partition)
+                if not future.done():
+                    failed.append((key, KafkaException(KafkaError(
+                        KafkaError.NOT_LEADER_FOR_PARTITION,
+                        "its leader changed while the request waited"))))
+                    continue
                 try:
                     offset = future.result().offset
                 except KafkaException as exc:
@@ -335,10 +350,30 @@ class KafkaMetadata:
             with contextlib.suppress(KafkaException):
                 self.admin.list_topics(topic=topic, timeout=min(timeout, 2.0))
 
-    def _await(self, futures: dict, timeout: float) -> None:
+    def _leaders(self, tps: set[TopicPartition], timeout: float
+                 ) -> dict[TopicPartition, int] | None:
+        """Each partition's leader as the brokers say now (asking refreshes librdkafka's
+        cache); None when no broker answers."""
+        leaders = {}
+        try:
+            for topic in sorted({t for t, _ in tps}):
+                described = self.admin.list_topics(topic=topic, timeout=timeout).topics[topic]
+                leaders.update({(topic, p): part.leader
+                                for p, part in described.partitions.items()
+                                if (topic, p) in tps})
+        except KafkaException:
+            return None
+        return leaders
+
+    def _await(self, futures: dict, timeout: float,
+               moved: Callable[[], bool] | None = None) -> None:
         """Wait for the futures, serving error_cb meanwhile: a refusal that no retry mends
-        (a failed authentication or TLS handshake) ends the wait at once."""
-        deadline = time.monotonic() + timeout + 1.0
+        (a failed authentication or TLS handshake) ends the wait at once; so does a leader
+        change (``moved``, asked each LEADER_CHECK_S), after which the pending futures are
+        left to librdkafka's timeout and asked again."""
+        started = time.monotonic()
+        deadline = started + timeout + 1.0
+        checked = started
         pending = list(futures.values())
         while pending and time.monotonic() < deadline:
             _, waiting = concurrent.futures.wait(pending, timeout=0.1)
@@ -349,6 +384,11 @@ class KafkaMetadata:
                 refusal = self._refusal()
                 if refusal is not None:
                     raise BrokerError(refusal)
+            if pending and moved is not None and \
+                    time.monotonic() - checked >= LEADER_CHECK_S:
+                if moved():
+                    return
+                checked = time.monotonic()
 
     def latest_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """End offsets of all partitions in one batched ListOffsets request per leader."""

@@ -187,6 +187,7 @@ def test_a_listing_asks_again_only_for_the_partitions_not_answered_yet():
 
         def list_topics(self, topic=None, timeout=None):
             self.refreshed.append(topic)  # librdkafka's cached leader epochs renewed
+            return described(topic, {p: 1 for p in range(3)})
 
     metadata = KafkaMetadata(parse_options({"kafka.bootstrap.servers": "127.0.0.1:1",
                                             "subscribe": "t"}))
@@ -196,4 +197,64 @@ def test_a_listing_asks_again_only_for_the_partitions_not_answered_yet():
     assert metadata.latest_offsets([("t", 0), ("t", 1), ("t", 2)]) == {
         ("t", 0): 7, ("t", 1): 5, ("t", 2): 9}
     assert admin.asked == [[0, 1, 2], [0, 2], [2]]
-    assert admin.refreshed == ["t", "t"]
+    # refreshed after each failed attempt, and asked for the leaders before each retry
+    assert admin.refreshed == ["t"] * 4
+
+
+def described(topic: str, leaders: dict[int, int]):
+    """A ClusterMetadata of one topic as confluent-kafka's AdminClient.list_topics gives it."""
+    from types import SimpleNamespace
+    partitions = {p: SimpleNamespace(id=p, leader=leader) for p, leader in leaders.items()}
+    return SimpleNamespace(topics={topic: SimpleNamespace(partitions=partitions, error=None)})
+
+
+def test_a_retried_listing_stops_waiting_for_a_leader_that_was_replaced():
+    """DESIGN §20: librdkafka keeps a request queued for a leader that is down until the
+    request's timeout, even once the controller has elected another. A retried listing
+    notes the leaders and asks again as soon as one changes, without waiting out the
+    request still queued for the dead one."""
+    import threading
+    from concurrent.futures import Future
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    from kwatermark.broker import KafkaMetadata
+    from kwatermark.options import parse_options
+
+    class Answer:
+        def __init__(self, offset):
+            self.offset = offset
+
+    class Admin:
+        def __init__(self):
+            self.futures = []
+            self.leader = 1
+
+        def list_offsets(self, specs, request_timeout, **_):
+            future = Future()
+            if len(self.futures) == 0:
+                future.set_exception(KafkaException(KafkaError(KafkaError._TRANSPORT)))
+            elif len(self.futures) == 1:
+                self.leader = 2       # elected while this request waits for node 1
+                timer = threading.Timer(request_timeout, future.set_exception, [
+                    KafkaException(KafkaError(KafkaError._TIMED_OUT))])  # as librdkafka
+                timer.daemon = True
+                timer.start()
+            else:
+                future.set_result(Answer(42))
+            self.futures.append(future)
+            return {tp: future for tp in specs}
+
+        def poll(self, _):
+            return 0
+
+        def list_topics(self, topic=None, timeout=None):
+            return described(topic, {0: self.leader})
+
+    metadata = KafkaMetadata(parse_options({"kafka.bootstrap.servers": "127.0.0.1:1",
+                                            "subscribe": "t"}))
+    admin = Admin()
+    metadata._admin = admin
+    assert metadata.latest_offsets([("t", 0)]) == {("t", 0): 42}
+    assert len(admin.futures) == 3
+    assert not admin.futures[1].done()   # the request queued for node 1 was not waited out
