@@ -2,7 +2,8 @@
 non-empty micro-batches while each fault lasts, ``format("kwatermark")`` beside Spark's own
 ``format("kafka")``, both streaming the same topic under the same fault at the same time.
 
-Run: ``python bench/bench_failover.py [--rounds 1] [--rate 200] [--faults rolling,kill,reassign]``. Results go to
+Run: ``python bench/bench_failover.py [--rounds 1] [--rate 200] [--faults rolling,kill,reassign]``
+(``none``: the same window without a fault, the gaps the machine gives anyway). Results go to
 ``bench/results/failover.json``.
 
 A 3-node KRaft Apache Kafka on loopback (``LocalBroker.start(brokers=3)``), a topic of 6
@@ -57,7 +58,9 @@ def faults() -> dict[str, tuple[str, object]]:
     return {"rolling": ("rolling restart", lambda cluster, topic: rolling_restart(cluster)),
             "kill": ("leader SIGKILL, back 10 s later", lambda cluster, topic: kill_leader(
                 cluster, topic, 10.0)),
-            "reassign": ("reassignment", reassign)}
+            "reassign": ("reassignment", reassign),
+            # the same window with no fault: the longest gap a loaded machine gives anyway
+            "none": ("no fault (30 s)", lambda cluster, topic: time.sleep(30.0))}
 
 
 def one_fault(spark, cluster, name: str, act, rate: int, workdir: Path) -> dict:
@@ -101,7 +104,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--rate", type=int, default=200)
     parser.add_argument("--faults", default="rolling,kill,reassign",
-                        help="comma-separated: rolling, kill, reassign")
+                        help="comma-separated: rolling, kill, reassign, none")
     args = parser.parse_args()
     from pyspark.sql import SparkSession
 

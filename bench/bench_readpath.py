@@ -12,6 +12,9 @@ faster), their median, and the median CPU µs per record of the client's process
 driver, its JVM, the Python workers) and of the broker (when started here).
 
 Run: ``python bench/bench_readpath.py`` (1M records, 4 partitions, 5 rounds);
+``--partitions 4,16,64``; ``--max-offsets-per-trigger 250000`` reads each source as an
+AvailableNow stream instead of a batch; ``--busy`` keeps another process spinning on a core
+throughout (a loaded executor);
 ``--records 200000 --rounds 2 --min-warm 2`` for a trial. Writes
 ``bench/results/readpath.json``. Needs the ``bench`` extra (psutil).
 """
@@ -52,6 +55,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--min-warm", type=int, default=5)
     parser.add_argument("--max-warm", type=int, default=15)
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=None,
+                        help="read as an AvailableNow stream with this maxOffsetsPerTrigger "
+                             "(default: a batch read)")
+    parser.add_argument("--busy", action="store_true",
+                        help="keep a CPU-bound process spinning for the whole measurement "
+                             "(another job on the machine's other core)")
     parser.add_argument("--results", default=os.path.join(BENCH_DIR, "results"))
     args = parser.parse_args(argv)
     args.partitions = [int(p) for p in args.partitions.split(",") if p.strip()]
@@ -90,6 +99,7 @@ def summarise(runs: list[dict]) -> dict:
 
 def report(summary: dict, results: dict) -> None:
     print()
+    print(f"{results['mode']}{', the other core busy' if results['busy_core'] else ''}")
     print(f"Spark {results.get('spark_version')} with {results['connector']}; load average "
           f"{results.get('load_avg_before')} before, {results.get('load_avg_after')} after "
           f"(a shared machine: figures move with the load)")
@@ -114,10 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": common.machine_info(), "git": git_revision(), "broker": broker.kind,
         "baseline_pyspark": BASELINE_PYSPARK, "connector": kafka_package(),
+        "mode": ("batch read" if args.max_offsets_per_trigger is None else
+                 f"AvailableNow, maxOffsetsPerTrigger={args.max_offsets_per_trigger}"),
+        "busy_core": args.busy,
         "sizes": {"records": args.records, "partitions": args.partitions,
                   "value_bytes": common.VALUE_SIZE, "rounds": args.rounds,
                   "min_warm": args.min_warm, "max_warm": args.max_warm},
     }
+    spinner = None
     try:
         topics = []
         for partitions in args.partitions:
@@ -130,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
             topics.append({"topic": topic, "partitions": partitions, "records": records})
         request = {"bootstrap": broker.bootstrap_servers, "workspace": workspace,
                    "topics": topics, "rounds": args.rounds, "min_warm": args.min_warm,
-                   "max_warm": args.max_warm, "broker_pid": broker.pid}
+                   "max_warm": args.max_warm, "broker_pid": broker.pid,
+                   "max_offsets_per_trigger": args.max_offsets_per_trigger}
+        if args.busy:   # not in the measured process tree: a sibling of the child
+            spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         python = baseline_python()   # the child measures with psutil (the bench extra)
         subprocess.run([python, "-m", "pip", "install", "-q", "psutil>=5.9"], check=True)
         log(f"measuring in the baseline interpreter; its log: {workspace}/child.log")
@@ -142,10 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         results["runs"] = reply["runs"]
         results["summary"] = summarise(reply["runs"])
     finally:
+        if spinner is not None:
+            spinner.kill()
         broker.stop()
     report(results["summary"], results)
     os.makedirs(args.results, exist_ok=True)
-    path = os.path.join(args.results, "readpath.json")
+    name = "readpath" + ("-availablenow" if args.max_offsets_per_trigger else "") + (
+        "-busy" if args.busy else "")
+    path = os.path.join(args.results, f"{name}.json")
     with open(path, "w") as f:
         json.dump(results, f, indent=1, default=str)
     log(f"wrote {path}")

@@ -3,7 +3,8 @@
 steady state, then interleaved rounds, in one SparkSession.
 
 Request: bootstrap, workspace, topics (``[{"topic", "partitions", "records"}]``), rounds,
-min_warm, max_warm, broker_pid (None: an external broker, its CPU not measured). Reply: the
+min_warm, max_warm, broker_pid (None: an external broker, its CPU not measured),
+max_offsets_per_trigger (None: a batch read; else an AvailableNow stream with that limit). Reply: the
 warm-up reads and every round's figures, the load average before and after.
 """
 
@@ -53,10 +54,24 @@ def one_read(spark, request: dict, topic: dict, source: str) -> dict:
                "startingOffsets": "earliest", **extra}
     if fmt == "kwatermark":
         options["watermark.stateLocation"] = fresh(request["workspace"], "ledger")
+    limit = request.get("max_offsets_per_trigger")
     cpu0, broker0 = tree_cpu_s(), broker_cpu_s(request["broker_pid"])
     started = time.perf_counter()
-    spark.read.format(fmt).options(**options).load().select(*COLUMNS).write \
-        .format("noop").mode("overwrite").save()
+    if limit is None:   # a batch read
+        spark.read.format(fmt).options(**options).load().select(*COLUMNS).write \
+            .format("noop").mode("overwrite").save()
+    else:               # a stream: AvailableNow, maxOffsetsPerTrigger records a batch
+        query = spark.readStream.format(fmt).options(**options) \
+            .option("maxOffsetsPerTrigger", str(limit)).load().select(*COLUMNS) \
+            .writeStream.format("noop") \
+            .option("checkpointLocation", fresh(request["workspace"], "checkpoint")) \
+            .trigger(availableNow=True).start()
+        query.awaitTermination()
+        if query.exception() is not None:
+            raise RuntimeError(f"{source}: {query.exception()}")
+        read = sum(p.numInputRows for p in query.recentProgress)
+        if read != topic["records"]:
+            raise RuntimeError(f"{source}: read {read} of {topic['records']} records")
     seconds = time.perf_counter() - started
     cpu1, broker1 = tree_cpu_s(), broker_cpu_s(request["broker_pid"])
     n = topic["records"]
