@@ -221,13 +221,18 @@ class CompiledReader:
         if not by_tp:
             return
         handle = client.handle
-        lanes: list[_Lane] = []
+        added: list[tuple[int, RangeReader]] = []
         for (topic, partition), ranges in by_tp.items():
             for reader, start, end in ranges:
                 index = lib.kw_add_lane(handle, topic.encode(), partition, start, end)
                 if index < 0:
                     raise KWatermarkError(f"topic {topic}: the compiled reader cannot open it")
-                lanes.append(_Lane(index, reader, lib.kw_lane_at(handle, index)))
+                added.append((index, reader))
+        # Each lane's address only once every lane is added: adding one may move them all
+        # (kw_add_lane grows the array). Taken earlier, the first 8 lanes of a pack of more
+        # than 8 ranges pointed into freed memory and their ranges ended unread.
+        lanes = [_Lane(index, reader, lib.kw_lane_at(handle, index))
+                 for index, reader in added]
         err = ffi.new("char[]", ERROR_TEXT)
         if lib.kw_start(handle, err, ERROR_TEXT) != 0:
             first = lanes[0]

@@ -66,6 +66,7 @@ int kw_metadata(kw_reader *r, const char *topic, int timeout_ms, int32_t *leader
                 char *brokers, size_t blen);
 int kw_add_lane(kw_reader *r, const char *topic, int32_t partition, int64_t position,
                 int64_t end);
+/* The lane's address: valid until the next kw_add_lane (which may move every lane). */
 kw_lane *kw_lane_at(kw_reader *r, int i);
 int kw_start(kw_reader *r, char *err, size_t errlen);
 int kw_poll(kw_reader *r, int want, int timeout_ms);
