@@ -10,11 +10,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kwatermark import retries, security
+from kwatermark.consumer import task_conf
 from kwatermark.errors import BrokerError, OptionError
 from kwatermark.offsets import TopicPartition
 from kwatermark.options import SourceOptions, Subscription
@@ -36,6 +37,11 @@ TIMESTAMP_LOOKUP = "looking up offsets by timestamp"
 FIRST_ATTEMPT_S = 1.0
 ATTEMPT_S = 5.0
 LEADER_CHECK_S = 0.5   # how often a retried offsets request asks whether its leader moved
+# KafkaMetadata._quick: from how many partitions, how long one call may take, and how long
+# it rests after a call that did not answer every partition.
+QUICK_FROM = 16   # below this, the admin client costs little (4 partitions: 2 ms)
+QUICK_TIMEOUT_S = 1.0
+QUICK_REST_S = 30.0
 
 
 class Progress(Exception):
@@ -55,10 +61,17 @@ class KafkaMetadata:
         # ignored), the first CONNECTION_ERRORS kinds in the order they came.
         self._connection_errors: dict[str, str] = {}
         self._reached = False  # a broker answered once since this process started the query
+        self._consumer: Consumer | None = None   # for _quick
+        self._quick_after = 0.0   # monotonic time before which _quick is not tried
 
     def __getstate__(self) -> dict:
         return {"options": self.options, "_admin": None, "_connection_errors": {},
                 "_reached": False}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._consumer = None
+        self._quick_after = 0.0
 
     @property
     def admin(self) -> AdminClient:
@@ -392,12 +405,45 @@ class KafkaMetadata:
 
     def latest_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """End offsets of all partitions in one batched ListOffsets request per leader."""
-        return self._list_offsets("fetching end offsets",
-                                  {tp: OffsetSpec.latest() for tp in tps})
+        tps = list(tps)
+        found = self._quick(tps, OFFSET_END)
+        found.update(self._list_offsets("fetching end offsets", {
+            tp: OffsetSpec.latest() for tp in tps if tp not in found}))
+        return found
 
     def earliest_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        return self._list_offsets("fetching earliest offsets",
-                                  {tp: OffsetSpec.earliest() for tp in tps})
+        tps = list(tps)
+        found = self._quick(tps, OFFSET_BEGINNING)
+        found.update(self._list_offsets("fetching earliest offsets", {
+            tp: OffsetSpec.earliest() for tp in tps if tp not in found}))
+        return found
+
+    def _quick(self, tps: list[TopicPartition], which: int) -> dict[TopicPartition, int]:
+        """The partitions' offsets in one ``offsets_for_times`` call of a consumer: one C
+        call for every partition, where the AdminClient makes a Python future per
+        partition (about 1 s of the driver's planning at 4,096 partitions). Only clean
+        answers are kept; whatever it does not answer at once (a leader moving, a broker
+        down: no retry here) goes to ``_list_offsets``, and after such a failure the quick
+        path rests for QUICK_REST_S. Not tried before a broker has answered the admin
+        client (a wrong address or a refusal is named there)."""
+        if len(tps) < QUICK_FROM or not self._reached or time.monotonic() < self._quick_after:
+            return {}
+        try:
+            if self._consumer is None:
+                conf = task_conf(self.options, 1)
+                conf["logger"] = librdkafka_logger()
+                self._consumer = Consumer(conf)
+            answer = self._consumer.offsets_for_times([KafkaTP(t, p, which) for t, p in tps],
+                                                      QUICK_TIMEOUT_S)
+        except KafkaException as exc:
+            log.debug("quick offsets lookup failed (%s); asking through the admin client", exc)
+            self._quick_after = time.monotonic() + QUICK_REST_S
+            return {}
+        found = {(tp.topic, tp.partition): tp.offset for tp in answer
+                 if tp.error is None and tp.offset >= 0}
+        if len(found) < len(tps):
+            self._quick_after = time.monotonic() + QUICK_REST_S
+        return found
 
     def offsets_for_times(self, times: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         """First offset with timestamp >= the time, or -1 when there is none (broker's

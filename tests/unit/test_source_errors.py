@@ -258,3 +258,57 @@ def test_a_retried_listing_stops_waiting_for_a_leader_that_was_replaced():
     assert metadata.latest_offsets([("t", 0)]) == {("t", 0): 42}
     assert len(admin.futures) == 3
     assert not admin.futures[1].done()   # the request queued for node 1 was not waited out
+
+
+def test_many_partitions_are_listed_in_one_consumer_call_and_the_rest_by_the_admin():
+    """DESIGN §21: from QUICK_FROM partitions the end offsets come from one
+    ``offsets_for_times`` call (no Python future per partition); a partition it does not
+    answer cleanly (an error, or no offset yet) is asked through the admin client's
+    retrying path, and the quick call rests after such an answer."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from confluent_kafka import KafkaError
+
+    from kwatermark import broker
+    from kwatermark.broker import KafkaMetadata
+    from kwatermark.options import parse_options
+
+    n = broker.QUICK_FROM
+    answers = {p: (None, 100 + p) for p in range(n)}
+    answers[3] = (KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION), -1)
+    answers[5] = (None, -1001)
+
+    class Consumer:
+        calls = 0
+
+        def offsets_for_times(self, tps, timeout):
+            Consumer.calls += 1
+            return [SimpleNamespace(topic=tp.topic, partition=tp.partition,
+                                    error=answers[tp.partition][0],
+                                    offset=answers[tp.partition][1]) for tp in tps]
+
+    class Admin:
+        asked: list = []
+
+        def list_offsets(self, specs, **_):
+            Admin.asked.append(sorted(tp.partition for tp in specs))
+            futures = {}
+            for tp in specs:
+                future = Future()
+                future.set_result(SimpleNamespace(offset=100 + tp.partition))
+                futures[tp] = future
+            return futures
+
+        def poll(self, _):
+            return 0
+
+    metadata = KafkaMetadata(parse_options({"kafka.bootstrap.servers": "127.0.0.1:1",
+                                            "subscribe": "t"}))
+    metadata._admin, metadata._consumer, metadata._reached = Admin(), Consumer(), True
+    tps = [("t", p) for p in range(n)]
+    assert metadata.latest_offsets(tps) == {("t", p): 100 + p for p in range(n)}
+    assert Consumer.calls == 1 and Admin.asked == [[3, 5]]
+    # resting after an incomplete answer: the next listing goes to the admin client alone
+    assert metadata.latest_offsets(tps) == {("t", p): 100 + p for p in range(n)}
+    assert Consumer.calls == 1 and Admin.asked[-1] == list(range(n))
