@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import logging
 import os
@@ -88,6 +89,21 @@ def _simplify_planner_tracebacks() -> None:
     Spark's runner before kwatermark's. Apply Spark's default in that process too."""
     if not os.environ.get(FULL_TRACEBACK_ENV):
         os.environ.setdefault("SPARK_SIMPLIFIED_TRACEBACK", "1")
+
+
+def _freeze_imports() -> None:
+    """Leave what a Python worker has imported out of its garbage collections, once per
+    worker process (``gc.freeze``): PySpark's worker daemon runs a full ``gc.collect()``
+    after every task of a reused worker, and each walked the ~60,000 objects of pyspark,
+    pyarrow, numpy, confluent-kafka and kwatermark again (bench/README.md, "The read path at
+    steady state"). Objects made later, and every task's garbage, are collected as before."""
+    global _FROZEN
+    if not _FROZEN:
+        _FROZEN = True
+        gc.freeze()
+
+
+_FROZEN = False
 
 
 class RangePartition(InputPartition):
@@ -223,6 +239,7 @@ class KWatermarkDataSource(DataSource):
 
 def _read(options: SourceOptions, layout: OutputLayout, decoders: Decoders, planner: BatchPlanner,
           partition: RangePartition | HeartbeatPartition) -> Iterator[pa.RecordBatch]:
+    _freeze_imports()
     if isinstance(partition, HeartbeatPartition):
         yield heartbeat_batch(layout, partition.watermark_ms)
         return
