@@ -321,7 +321,7 @@ class KafkaMetadata:
                 {KafkaTP(t, p): spec for (t, p), spec in asked.items()},
                 isolation_level=level, request_timeout=timeout)
             moved = None if leaders is None else (
-                lambda: self._leaders(set(leaders), 1.0) != leaders)
+                lambda: self._leaders(set(leaders), 1.0) not in (None, leaders))
             self._await(futures, timeout, moved)
             failed: list[tuple[TopicPartition, KafkaException]] = []
             for tp, future in futures.items():
@@ -370,9 +370,9 @@ class KafkaMetadata:
         leaders = {}
         try:
             for topic in sorted({t for t, _ in tps}):
-                described = self.admin.list_topics(topic=topic, timeout=timeout).topics[topic]
-                leaders.update({(topic, p): part.leader
-                                for p, part in described.partitions.items()
+                described = self.admin.list_topics(topic=topic, timeout=timeout).topics.get(topic)
+                partitions = described.partitions if described is not None else {}
+                leaders.update({(topic, p): part.leader for p, part in partitions.items()
                                 if (topic, p) in tps})
         except KafkaException:
             return None
