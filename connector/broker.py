@@ -66,12 +66,7 @@ class KafkaMetadata:
 
     def __getstate__(self) -> dict:
         return {"options": self.options, "_admin": None, "_connection_errors": {},
-                "_reached": False}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._consumer = None
-        self._quick_after = 0.0
+                "_reached": False, "_consumer": None, "_quick_after": 0.0}
 
     @property
     def admin(self) -> AdminClient:

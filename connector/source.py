@@ -91,19 +91,14 @@ def _simplify_planner_tracebacks() -> None:
         os.environ.setdefault("SPARK_SIMPLIFIED_TRACEBACK", "1")
 
 
+@functools.cache
 def _freeze_imports() -> None:
     """Leave what a Python worker has imported out of its garbage collections, once per
     worker process (``gc.freeze``): PySpark's worker daemon runs a full ``gc.collect()``
     after every task of a reused worker, and each walked the ~60,000 objects of pyspark,
     pyarrow, numpy, confluent-kafka and kwatermark again (bench/README.md, "The read path at
     steady state"). Objects made later, and every task's garbage, are collected as before."""
-    global _FROZEN
-    if not _FROZEN:
-        _FROZEN = True
-        gc.freeze()
-
-
-_FROZEN = False
+    gc.freeze()
 
 
 class RangePartition(InputPartition):

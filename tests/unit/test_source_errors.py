@@ -215,15 +215,12 @@ def test_a_retried_listing_stops_waiting_for_a_leader_that_was_replaced():
     request still queued for the dead one."""
     import threading
     from concurrent.futures import Future
+    from types import SimpleNamespace
 
     from confluent_kafka import KafkaError, KafkaException
 
     from kwatermark.broker import KafkaMetadata
     from kwatermark.options import parse_options
-
-    class Answer:
-        def __init__(self, offset):
-            self.offset = offset
 
     class Admin:
         def __init__(self):
@@ -241,7 +238,7 @@ def test_a_retried_listing_stops_waiting_for_a_leader_that_was_replaced():
                 timer.daemon = True
                 timer.start()
             else:
-                future.set_result(Answer(42))
+                future.set_result(SimpleNamespace(offset=42))
             self.futures.append(future)
             return {tp: future for tp in specs}
 
@@ -289,10 +286,11 @@ def test_many_partitions_are_listed_in_one_consumer_call_and_the_rest_by_the_adm
                                     offset=answers[tp.partition][1]) for tp in tps]
 
     class Admin:
-        asked: list = []
+        def __init__(self):
+            self.asked = []
 
         def list_offsets(self, specs, **_):
-            Admin.asked.append(sorted(tp.partition for tp in specs))
+            self.asked.append(sorted(tp.partition for tp in specs))
             futures = {}
             for tp in specs:
                 future = Future()
@@ -305,10 +303,11 @@ def test_many_partitions_are_listed_in_one_consumer_call_and_the_rest_by_the_adm
 
     metadata = KafkaMetadata(parse_options({"kafka.bootstrap.servers": "127.0.0.1:1",
                                             "subscribe": "t"}))
-    metadata._admin, metadata._consumer, metadata._reached = Admin(), Consumer(), True
+    admin = Admin()
+    metadata._admin, metadata._consumer, metadata._reached = admin, Consumer(), True
     tps = [("t", p) for p in range(n)]
     assert metadata.latest_offsets(tps) == {("t", p): 100 + p for p in range(n)}
-    assert Consumer.calls == 1 and Admin.asked == [[3, 5]]
+    assert Consumer.calls == 1 and admin.asked == [[3, 5]]
     # resting after an incomplete answer: the next listing goes to the admin client alone
     assert metadata.latest_offsets(tps) == {("t", p): 100 + p for p in range(n)}
-    assert Consumer.calls == 1 and Admin.asked[-1] == list(range(n))
+    assert Consumer.calls == 1 and admin.asked[-1] == list(range(n))
