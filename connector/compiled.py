@@ -245,6 +245,9 @@ class CompiledReader:
         ready_rows = 0
         was_short = False
         open_lanes = lanes
+        first_lane: dict[tuple[str, int], int] = {}   # a partition's lane kw_stop_lane takes
+        for lane in lanes:
+            first_lane.setdefault(lane.reader.task.tp, lane.index)
         while open_lanes:
             remaining = sum(lane.c.end - lane.c.position for lane in open_lanes)
             asked = max(1, min(size, remaining))
@@ -269,8 +272,7 @@ class CompiledReader:
             still = [lane for lane in open_lanes if not done(lane.c.position, lane.c.end)]
             for tp in {(lane.reader.task.tp) for lane in open_lanes} - {
                     lane.reader.task.tp for lane in still}:
-                lib.kw_stop_lane(handle, next(lane.index for lane in lanes
-                                              if lane.reader.task.tp == tp))
+                lib.kw_stop_lane(handle, first_lane[tp])
             now = time.monotonic()
             if sum(lane.c.end - lane.c.position for lane in open_lanes) < remaining:
                 stall.progressed(now)
