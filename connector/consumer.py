@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 import uuid
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException
@@ -90,10 +91,13 @@ def partition_bounds(consumer: Consumer, options: SourceOptions, tasks: list[Ran
     again alone, with backoff, until ``kafkaConsumer.pollTimeoutMs`` passes without an
     answer; any other error fails at once."""
     tps = list(dict.fromkeys(task.tp for task in tasks))
-    found: dict[str, dict[tuple[str, int], int]] = {}
-    for name, which in (("low", OFFSET_BEGINNING), ("high", OFFSET_END)):
-        found[name] = _offsets(consumer, options, tps, which)
-    return {tp: (found["low"][tp], found["high"][tp]) for tp in tps}
+    # Both listings in flight together (librdkafka's calls release the GIL): a task waits
+    # for one round trip before its first fetch, not two (~50 ms each at 2,048 partitions).
+    with ThreadPoolExecutor(1, thread_name_prefix="kwatermark-offsets") as pool:
+        asked_low = pool.submit(_offsets, consumer, options, tps, OFFSET_BEGINNING)
+        high = _offsets(consumer, options, tps, OFFSET_END)
+        low = asked_low.result()
+    return {tp: (low[tp], high[tp]) for tp in tps}
 
 
 def _offsets(consumer: Consumer, options: SourceOptions, tps: list[tuple[str, int]],

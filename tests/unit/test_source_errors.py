@@ -311,3 +311,32 @@ def test_many_partitions_are_listed_in_one_consumer_call_and_the_rest_by_the_adm
     # resting after an incomplete answer: the next listing goes to the admin client alone
     assert metadata.latest_offsets(tps) == {("t", p): 100 + p for p in range(n)}
     assert Consumer.calls == 1 and admin.asked[-1] == list(range(n))
+
+
+def test_a_task_asks_earliest_and_end_offsets_together_not_one_after_the_other():
+    """A task's first fetch waits for one ListOffsets round trip, not two: both listings are
+    in flight at once (each call here returns only once the other has been made)."""
+    import threading
+    from types import SimpleNamespace
+
+    from confluent_kafka import OFFSET_BEGINNING
+
+    from kwatermark.consumer import partition_bounds
+    from kwatermark.offsets import PartitionState, RangeTask
+    from kwatermark.options import parse_options
+    from kwatermark.watermarks import NO_PARTITIONS
+
+    both_asked = threading.Barrier(2, timeout=10)
+
+    class Consumer:
+        def offsets_for_times(self, tps, timeout):
+            both_asked.wait()   # broken (an error) if the other listing never comes
+            return [SimpleNamespace(topic=tp.topic, partition=tp.partition, error=None,
+                                    offset=3 if tp.offset == OFFSET_BEGINNING else 40)
+                    for tp in tps]
+
+    options = parse_options({"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t"})
+    tasks = [RangeTask("t", p, 5, 30, PartitionState(), True, None, NO_PARTITIONS)
+             for p in (0, 1)]
+    assert partition_bounds(Consumer(), options, tasks) == {("t", 0): (3, 40),
+                                                            ("t", 1): (3, 40)}
