@@ -91,7 +91,7 @@ def _simplify_planner_tracebacks() -> None:
         os.environ.setdefault("SPARK_SIMPLIFIED_TRACEBACK", "1")
 
 
-_UNFROZEN_TASKS = [2]   # a worker's tasks still to freeze at (see _freeze_imports)
+_TASKS_TO_FREEZE_AT = 2   # a worker's first tasks freeze what it keeps (_freeze_imports)
 
 
 def _freeze_imports() -> None:
@@ -104,8 +104,9 @@ def _freeze_imports() -> None:
     task freezes them. By then the daemon has collected the first task's garbage, so
     nothing is frozen that a collection would free; a task's own objects are collected as
     before."""
-    if _UNFROZEN_TASKS[0]:
-        _UNFROZEN_TASKS[0] -= 1
+    global _TASKS_TO_FREEZE_AT
+    if _TASKS_TO_FREEZE_AT:
+        _TASKS_TO_FREEZE_AT -= 1
         gc.freeze()
 
 
