@@ -17,9 +17,11 @@ needs no ``group.id``.
 
 from __future__ import annotations
 
+import atexit
 import glob
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -128,7 +130,8 @@ class _Client:
     """One librdkafka consumer handle of the extension; ``offsets_for_times`` answers as
     confluent-kafka's ``Consumer`` does, so ``consumer.partition_bounds`` serves both."""
 
-    def __init__(self, conf: dict, headers: bool, max_records: int):
+    def __init__(self, conf: dict, headers: bool, max_records: int, key: tuple = ()):
+        self.key = key
         names, values = [], []
         for key, value in conf.items():
             if isinstance(value, bool):
@@ -180,6 +183,71 @@ class _Client:
         lib.kw_close(self.handle)
         self.handle = ffi.NULL
 
+class _Clients:
+    """The consumers a Python worker keeps between its tasks, as Spark's Kafka source keeps
+    its consumers in a pool (``spark.kafka.consumer.cache.*``): a task otherwise spent
+    ~10 ms before its first record creating a librdkafka handle, connecting and learning
+    the topic's leaders (docs/operations.md, "Read engines").
+
+    A consumer is shared only by tasks with the same librdkafka configuration (the same
+    ``kafka.*`` options, prefetch and fetch size) and used by one task at a time: ``take``
+    removes it, ``give_back`` returns it reset (``kw_reset``: every partition stopped,
+    nothing the last task fetched left to read). A task that fails, or that Spark stops
+    early, closes its consumer instead. At most ``CAPACITY`` are kept; a thread closes one
+    unused for ``IDLE_S`` (its connections otherwise stay open, and it reports a broker
+    gone in the meantime as errors, in a worker no task uses), and so does the
+    interpreter's exit (before librdkafka's threads could log into a finalizing Python)."""
+
+    CAPACITY = 4
+    IDLE_S = 60.0
+
+    def __init__(self):
+        self.kept: dict[tuple, tuple[_Client, float]] = {}
+        self.lock = threading.Lock()
+        self.evictor: threading.Thread | None = None
+
+    def take(self, conf: dict, headers: bool, max_records: int) -> _Client:
+        key = (tuple(sorted((str(k), str(v)) for k, v in conf.items())), headers,
+               max_records)
+        with self.lock:
+            entry = self.kept.pop(key, None)
+        if entry is not None:
+            return entry[0]
+        return _Client(conf, headers, max_records, key)
+
+    def give_back(self, client: _Client) -> None:
+        if lib.kw_reset(client.handle) != 0:
+            client.close()
+            return
+        with self.lock:
+            surplus = [client] if client.key in self.kept else []   # two were in use
+            if not surplus:
+                self.kept[client.key] = (client, time.monotonic())
+            while len(self.kept) > self.CAPACITY:
+                surplus.append(self.kept.pop(next(iter(self.kept)))[0])
+            if self.evictor is None:
+                self.evictor = threading.Thread(target=self._evict, daemon=True,
+                                                name="kwatermark-consumers")
+                self.evictor.start()
+                atexit.register(self.close_all)
+        for extra in surplus:
+            extra.close()
+
+    def _evict(self) -> None:
+        while True:
+            time.sleep(self.IDLE_S / 4)
+            self.close_all(idle_s=self.IDLE_S)
+
+    def close_all(self, idle_s: float = 0.0) -> None:
+        now = time.monotonic()
+        with self.lock:
+            idle = [key for key, (_, since) in self.kept.items() if now - since >= idle_s]
+            closing = [self.kept.pop(key)[0] for key in idle]
+        for client in closing:
+            client.close()
+
+_clients = _Clients()
+
 class CompiledReader:
     """Read the ranges of ``readers`` (a task's, DESIGN §12: one or many) with one compiled
     consumer; each range's ``RangeReader`` computes its blocks and keeps its progress.
@@ -205,11 +273,14 @@ class CompiledReader:
         conf.pop("logger", None)   # the extension logs to the same logger itself
         if not self.options.group_id:
             conf.pop("group.id", None)   # the legacy API needs none; no commits, no group
-        client = _Client(conf, self.layout.include_headers, self.options.max_records_per_batch)
+        client = _clients.take(conf, self.layout.include_headers,
+                               self.options.max_records_per_batch)
         try:
             yield from self._read(client, reading)
-        finally:
+        except BaseException:   # a failure, or Spark stopping early: a consumer of its own
             client.close()
+            raise
+        _clients.give_back(client)
 
     def _read(self, client: _Client, reading: list[RangeReader]) -> Iterator[list]:
         bounds = partition_bounds(client, self.options, [r.task for r in reading])

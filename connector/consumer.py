@@ -56,7 +56,7 @@ def task_conf(options: SourceOptions, remaining: int, partitions: int = 1) -> di
         "auto.offset.reset": "error",
         "logger": librdkafka_logger(),
     })
-    conf.setdefault("queued.min.messages", max(1, min(remaining, MAX_PREFETCH_MESSAGES)))
+    conf.setdefault("queued.min.messages", prefetch(remaining))
     conf.setdefault("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS)
     # Kafka's Java consumer, so Spark's source, defaults to read_uncommitted, and the driver
     # plans to that isolation's end offsets; librdkafka's default is read_committed, which
@@ -65,6 +65,14 @@ def task_conf(options: SourceOptions, remaining: int, partitions: int = 1) -> di
     if partitions > 1 and "fetch.max.bytes" not in conf:
         conf["fetch.max.bytes"] = pack_fetch_bytes(conf)
     return conf
+
+
+def prefetch(remaining: int) -> int:
+    """``queued.min.messages`` for a task with ``remaining`` records in a partition: the next
+    power of two, so that successive micro-batches of a steady stream ask for the same
+    configuration and a worker's kept consumer serves them (kwatermark.compiled._Clients);
+    at most ``MAX_PREFETCH_MESSAGES``."""
+    return min(1 << max(0, remaining - 1).bit_length(), MAX_PREFETCH_MESSAGES)
 
 
 def pack_fetch_bytes(conf: dict) -> int:

@@ -578,11 +578,11 @@ static void col_free(kw_col *c) {
     free(c->valid);
 }
 
-void kw_close(kw_reader *r) {
-    if (!r)
-        return;
+/* Stop every partition, drop the messages fetched and not filed, free the lanes. */
+static void clear(kw_reader *r) {
     while (r->msg_i < r->msg_n)
         rk.message_destroy(r->msgs[r->msg_i++]);
+    r->msg_i = r->msg_n = 0;
     if (r->started) {
         for (int i = 0; i < r->nlanes; i++)
             if (i == 0 || !same_partition(&r->lanes[i - 1], &r->lanes[i]))
@@ -599,6 +599,26 @@ void kw_close(kw_reader *r) {
         col_free(&l->hkey);
         col_free(&l->hvalue);
     }
+    r->nlanes = 0;
+    r->started = 0;
+    r->hint = 0;
+    r->got = -1;
+    r->event_lane = -1;
+}
+
+int kw_reset(kw_reader *r) {
+    clear(r);
+    /* Stopping a partition unforwards its fetch queue and outdates what it had fetched;
+     * a new queue also leaves behind anything still in the old one. */
+    rk.queue_destroy(r->queue);
+    r->queue = rk.queue_new(r->rk);
+    return r->queue ? 0 : -1;
+}
+
+void kw_close(kw_reader *r) {
+    if (!r)
+        return;
+    clear(r);
     rk.queue_destroy(r->queue);
     for (int t = 0; t < r->ntopics; t++) {
         rk.topic_destroy(r->topics[t]);

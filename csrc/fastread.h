@@ -81,6 +81,10 @@ int kw_position(kw_reader *r, int lane, int64_t *position);
 void kw_stop_lane(kw_reader *r, int lane);
 void kw_take(kw_reader *r, int lane, kw_lane *out);
 void kw_free(void *p);
+/* Ready the reader for another task's ranges: every partition stopped, every lane and
+ * every message not yet taken dropped, a new queue; the librdkafka handle stays, with its
+ * broker connections, topics and metadata (a Python worker's next task, DESIGN §19). */
+int kw_reset(kw_reader *r);
 void kw_close(kw_reader *r);
 
 #endif

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,7 +22,7 @@ from confluent_kafka import Consumer
 from kwatermark import compiled
 from kwatermark.consumer import task_conf
 from kwatermark.arrow import OutputLayout
-from kwatermark.errors import BrokerError, OptionError
+from kwatermark.errors import BrokerError, KWatermarkError, OptionError
 from kwatermark.offsets import PartitionState, RangeTask
 from kwatermark.options import parse_options
 from kwatermark.pack import PackReader
@@ -209,3 +210,53 @@ def test_a_pack_of_many_ranges_reads_every_range_on_both_engines(broker):
                            table.column("offset").to_pylist(),
                            table.column("value").to_pylist()))
             assert got == truth, engine
+
+
+@pytest.mark.skipif(compiled.unavailable() is not None, reason="compiled engine not built")
+def test_a_worker_keeps_its_consumer_between_tasks_and_nothing_of_the_last_task(
+        broker, monkeypatch):
+    """A Python worker's next task reads with the consumer its last task used (as Spark's
+    source keeps consumers between tasks), reset: each task gets exactly its own range's
+    records, after ranges ahead of, behind and overlapping what the consumer fetched last
+    and on another partition. Without the reset (the last task's lanes and partitions left
+    as they were) the third task got 50 of its 100 records. A task that fails, or that
+    stops early, does not give its consumer back; one unused for a while is closed."""
+    monkeypatch.setattr(compiled, "_clients", compiled._Clients())
+    topic = broker.create_topic(2)
+    TopicWriter(broker, topic).send([Record(p, 1_000 + i, value=f"{p}-{i}".encode())
+                                     for i in range(3_000) for p in range(2)])
+    options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
+                             "subscribe": topic, "readEngine": "compiled"})
+
+    def pack(p: int, start: int, end: int) -> PackReader:
+        task = RangeTask(topic, p, start, end, PartitionState(), True, None, NO_PARTITIONS)
+        return PackReader(options, OutputLayout(), Decoders(), [task])
+
+    kept = []
+    for p, start in [(0, 0), (0, 2_000), (0, 50), (1, 0), (0, 100)]:
+        table = pa.Table.from_batches(list(pack(p, start, start + 100)))
+        assert table.column("partition").to_pylist() == [p] * 100
+        assert table.column("offset").to_pylist() == list(range(start, start + 100))
+        assert table.column("value").to_pylist() == [f"{p}-{i}".encode()
+                                                     for i in range(start, start + 100)]
+        assert len(compiled._clients.kept) == 1
+        kept.append(next(iter(compiled._clients.kept.values()))[0])
+    assert all(client is kept[0] for client in kept), "a new consumer for every task"
+
+    stopped = iter(pack(0, 0, 100))
+    next(stopped)
+    stopped.close()   # Spark stops reading (a limit): the consumer is closed, not kept
+    assert not compiled._clients.kept and kept[0].handle == compiled.ffi.NULL
+    with pytest.raises(KWatermarkError, match=f"topic {topic}, partition 0"):
+        list(pack(0, 2_990, 3_010))   # past the log's end
+    assert not compiled._clients.kept
+
+    monkeypatch.setattr(compiled._Clients, "IDLE_S", 0.4)
+    idle = compiled._Clients()
+    monkeypatch.setattr(compiled, "_clients", idle)
+    assert len(pa.Table.from_batches(list(pack(1, 0, 100)))) == 100
+    client = next(iter(idle.kept.values()))[0]
+    deadline = time.monotonic() + 10
+    while client.handle != compiled.ffi.NULL and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not idle.kept and client.handle == compiled.ffi.NULL, "an idle consumer stays open"
