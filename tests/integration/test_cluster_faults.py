@@ -25,8 +25,10 @@ from tests.support.failover import (
     create_topic,
     exactly_once,
     kill_leader,
+    log_records,
     reassign,
     rolling_restart,
+    unread,
     watermark_regressions,
 )
 from tests.support.streams import kwatermark_batch
@@ -42,8 +44,8 @@ def cluster():
     broker.stop()
 
 
-def assert_exactly_once(rows, acked, who: str) -> None:
-    missing, duplicated, unexpected = exactly_once(rows, acked)
+def assert_exactly_once(rows, acked, who: str, log) -> None:
+    missing, duplicated, unexpected = exactly_once(rows, acked, log)
     assert (missing, duplicated, unexpected) == ([], [], []), (
         f"{who}: {len(missing)} missing (e.g. {missing[:3]}), {len(duplicated)} duplicated "
         f"(e.g. {duplicated[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}) of "
@@ -57,7 +59,8 @@ def finish(stream: RecordedStream, writer: SteadyWriter) -> None:
     stream.check()
     stream.stop()
     assert len(writer.acked) > RATE * 5
-    assert_exactly_once(stream.rows(), writer.acked, "kwatermark")
+    assert_exactly_once(stream.rows(), writer.acked, "kwatermark",
+                        log_records(writer.bootstrap, writer.topic, writer.partitions))
     assert watermark_regressions(stream.batches) == []
     assert any(m is not None for b in stream.batches for m in b.watermarks)
 
@@ -81,7 +84,8 @@ def test_a_rolling_restart_under_a_running_stream_and_sparks_own_source_beside_i
             stream.stop()
     # Spark's own source rode through the same restart: the reference behaviour.
     assert reply.get("error") is None, reply
-    assert_exactly_once(spark_kafka.rows(), writer.acked, "format('kafka')")
+    assert_exactly_once(spark_kafka.rows(), writer.acked, "format('kafka')",
+                        log_records(writer.bootstrap, writer.topic, writer.partitions))
 
 
 def test_a_leader_killed_and_started_again_10_s_later(spark, cluster, tmp_path):
@@ -120,20 +124,20 @@ def test_a_batch_read_and_a_query_restarted_from_its_checkpoint_while_a_node_is_
         assert len(set(read)) == len(read)
         # The stream again, from its checkpoint, while the node is still down.
         # It goes on where the first stopped: it reads what the first did not.
-        read_first = set(first.rows())
         second = RecordedStream(spark, cluster.bootstrap_servers, topic, checkpoint)
-        second.wait_for([r for r in writer.acked if r not in read_first], CATCH_UP_S)
+        second.wait_for(unread(first.rows(), list(writer.acked)), CATCH_UP_S)
         down.restart()
         cluster.wait_in_sync(down.node_id)
         writer.stop()
-        second.wait_for([r for r in writer.acked if r not in read_first], CATCH_UP_S)
+        second.wait_for(unread(first.rows(), list(writer.acked)), CATCH_UP_S)
         second.check()
         second.stop()
         # A batch the sink got but the checkpoint did not commit runs again after the
         # restart: a batch id's last run is what an idempotent sink keeps.
         batches = {b.batch_id: b for b in first.batches + second.batches}
         rows = [row for b in batches.values() for row in b.rows]
-        assert_exactly_once(rows, writer.acked, "kwatermark, restarted")
+        assert_exactly_once(rows, writer.acked, "kwatermark, restarted",
+                            log_records(writer.bootstrap, writer.topic, writer.partitions))
         assert watermark_regressions(list(batches.values())) == []
     finally:
         if not down.running:

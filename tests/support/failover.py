@@ -3,8 +3,9 @@ judged by (DESIGN §20, issue 32). Shared by tests/integration/test_cluster_faul
 bench/bench_failover.py.
 
 * :class:`SteadyWriter`: an idempotent producer (``enable.idempotence``, ``acks=all``)
-  writing a steady rate round-robin over the partitions; its delivery reports are the
-  ground truth (topic, partition, offset, value of every acknowledged record).
+  writing a steady rate round-robin over the partitions; its delivery reports say what must
+  be read (partition, offset, value of every acknowledged record), and :func:`log_records`,
+  the topic read back with a plain consumer after the run, what may be.
 * :class:`RecordedStream`: a stream in this process (``format("kwatermark")`` by default)
   whose every micro-batch is kept with the wall time it ran.
 * ``tests/support/failover_child.py`` runs the same kind of stream under the baseline
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections import Counter
 import os
 import subprocess
 import threading
@@ -25,7 +27,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
+from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import NewTopic
 
 from kwatermark.kafkabroker import KafkaCluster, runtime_classpath
@@ -53,7 +56,8 @@ def create_topic(cluster: KafkaCluster, partitions: int = PARTITIONS) -> str:
 class SteadyWriter:
     """Writes ``rate`` records a second to ``topic``, record n to partition n % partitions,
     value ``b"n"``, until :meth:`stop`; ``acked`` holds (partition, offset, value) of every
-    delivery report without error, ``failed`` the errors of the others."""
+    delivery report without error (offset None where the report has none), ``failed`` the
+    errors of the others."""
 
     bootstrap: str
     topic: str
@@ -149,14 +153,13 @@ class RecordedStream:
 
     def wait_for(self, acked: list[tuple[int, int, str]], timeout_s: float = 120) -> None:
         """Until every acknowledged record was read, or the query failed (raises)."""
-        wanted = set(acked)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self.check()
-            if wanted <= set(self.rows()):
+            if not unread(self.rows(), acked):
                 return
             time.sleep(0.5)
-        missing = sorted(wanted - set(self.rows()))
+        missing = unread(self.rows(), acked)
         raise AssertionError(f"{len(missing)} acknowledged record(s) not read within "
                              f"{timeout_s:g} s, e.g. {missing[:5]}")
 
@@ -219,15 +222,14 @@ class ChildStream:
         return [row for b in self.batches() for row in b.rows]
 
     def wait_for(self, acked: list[tuple[int, int, str]], timeout_s: float = 120) -> None:
-        wanted = set(acked)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.error is not None or not self._thread.is_alive():
                 raise AssertionError(f"the baseline child ended: {self.error or self.reply}")
-            if wanted <= set(self.rows()):
+            if not unread(self.rows(), acked):
                 return
             time.sleep(0.5)
-        raise AssertionError(f"{len(wanted - set(self.rows()))} acknowledged record(s) not "
+        raise AssertionError(f"{len(unread(self.rows(), acked))} acknowledged record(s) not "
                              f"read by the baseline within {timeout_s:g} s")
 
     def stop(self) -> dict:
@@ -241,15 +243,63 @@ class ChildStream:
 
 # --- what must hold -------------------------------------------------------------------------
 
-def exactly_once(rows: list[tuple[int, int, str]], acked: list[tuple[int, int, str]]
-                 ) -> tuple[list, list, list]:
-    """(missing, duplicated, unexpected) rows against the acknowledged records."""
-    seen: dict[tuple, int] = {}
-    for row in rows:
-        seen[row] = seen.get(row, 0) + 1
-    truth = set(acked)
-    return (sorted(truth - set(seen)), sorted(r for r, n in seen.items() if n > 1),
-            sorted(set(seen) - truth))
+def _order(row: tuple) -> tuple:
+    return row[0], -1 if row[1] is None else row[1], row[2]
+
+
+def unread(rows: list[tuple[int, int, str]], acked: list[tuple[int, int | None, str]]
+           ) -> list[tuple[int, int | None, str]]:
+    """The acknowledged records no row holds, matched by partition and value (values are
+    unique): a delivery report can carry no offset (librdkafka's idempotent producer after
+    a leader change answers some retried batches as duplicates, offset unknown)."""
+    read = {(p, v) for p, _, v in rows}
+    return sorted((a for a in acked if (a[0], a[2]) not in read), key=_order)
+
+
+def exactly_once(rows: list[tuple[int, int, str]], acked: list[tuple[int, int | None, str]],
+                 log: list[tuple[int, int, str]] | None = None) -> tuple[list, list, list]:
+    """(missing, duplicated, unexpected) rows: acknowledged records not read, log records
+    read more than once, rows that are no record of the topic's log (``log``, read back by
+    :func:`log_records`; without it, no acknowledged record). The log, not the delivery
+    reports, says what exists: a producer retry after a leader change can leave a record
+    in the log twice, once unacknowledged, and both are records a reader must return."""
+    seen = Counter(rows)
+    if log is None:
+        unsure = {(p, v) for p, o, v in acked if o is None}
+        truth = {a for a in acked if a[1] is not None}
+        unexpected = [r for r in seen if r not in truth and (r[0], r[2]) not in unsure]
+    else:
+        truth = set(log)
+        unexpected = [r for r in seen if r not in truth]
+    return (unread(rows, acked), sorted(r for r, n in seen.items() if n > 1),
+            sorted(unexpected, key=_order))
+
+
+def log_records(bootstrap: str, topic: str, partitions: int = PARTITIONS
+                ) -> list[tuple[int, int, str]]:
+    """Every record of ``topic`` as (partition, offset, value), read to each partition's end
+    with a plain confluent-kafka consumer: the ground truth of what a stream can read."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"truth-{uuid.uuid4()}",
+                         "enable.auto.commit": False, "isolation.level": "read_uncommitted",
+                         "log_level": 0})
+    try:
+        ends = {p: consumer.get_watermark_offsets(KafkaTP(topic, p), timeout=30)[1]
+                for p in range(partitions)}
+        consumer.assign([KafkaTP(topic, p, 0) for p in range(partitions)])
+        found: list[tuple[int, int, str]] = []
+        todo = {p for p, end in ends.items() if end > 0}
+        deadline = time.monotonic() + 120
+        while todo and time.monotonic() < deadline:
+            for message in consumer.consume(1000, 1.0):
+                if message.error() is None:
+                    found.append((message.partition(), message.offset(),
+                                  message.value().decode()))
+                    if message.offset() + 1 >= ends[message.partition()]:
+                        todo.discard(message.partition())
+        assert not todo, f"partitions {sorted(todo)} of {topic} not read to their end"
+        return found
+    finally:
+        consumer.close()
 
 
 def watermark_regressions(batches: list[Batch]) -> list[tuple[int, int, int]]:
