@@ -130,8 +130,8 @@ class _Client:
     """One librdkafka consumer handle of the extension; ``offsets_for_times`` answers as
     confluent-kafka's ``Consumer`` does, so ``consumer.partition_bounds`` serves both."""
 
-    def __init__(self, conf: dict, headers: bool, max_records: int, key: tuple = ()):
-        self.key = key
+    def __init__(self, conf: dict, headers: bool, max_records: int, pool_key: tuple = ()):
+        self.key = pool_key   # _Clients' key: the configuration it was made with
         names, values = [], []
         for key, value in conf.items():
             if isinstance(value, bool):

@@ -619,7 +619,8 @@ void kw_close(kw_reader *r) {
     if (!r)
         return;
     clear(r);
-    rk.queue_destroy(r->queue);
+    if (r->queue)
+        rk.queue_destroy(r->queue);
     for (int t = 0; t < r->ntopics; t++) {
         rk.topic_destroy(r->topics[t]);
         free(r->topic_names[t]);
