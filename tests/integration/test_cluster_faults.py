@@ -44,23 +44,25 @@ def cluster():
     broker.stop()
 
 
-def assert_exactly_once(rows, acked, who: str, log) -> None:
-    missing, duplicated, unexpected = exactly_once(rows, acked, log)
+def assert_exactly_once(rows, writer: SteadyWriter, who: str, cluster) -> None:
+    """Every acknowledged record read, no record of the topic's log twice, nothing else."""
+    acked = writer.acked
+    missing, duplicated, unexpected = exactly_once(
+        rows, acked, log_records(cluster, writer.topic, writer.partitions))
     assert (missing, duplicated, unexpected) == ([], [], []), (
         f"{who}: {len(missing)} missing (e.g. {missing[:3]}), {len(duplicated)} duplicated "
         f"(e.g. {duplicated[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}) of "
         f"{len(acked)} acknowledged")
 
 
-def finish(stream: RecordedStream, writer: SteadyWriter) -> None:
+def finish(stream: RecordedStream, writer: SteadyWriter, cluster) -> None:
     """Stop writing, read to the end, stop; then the three assertions."""
     writer.stop()
     stream.wait_for(writer.acked, CATCH_UP_S)
     stream.check()
     stream.stop()
     assert len(writer.acked) > RATE * 5
-    assert_exactly_once(stream.rows(), writer.acked, "kwatermark",
-                        log_records(writer.bootstrap, writer.topic, writer.partitions))
+    assert_exactly_once(stream.rows(), writer, "kwatermark", cluster)
     assert watermark_regressions(stream.batches) == []
     assert any(m is not None for b in stream.batches for m in b.watermarks)
 
@@ -76,7 +78,7 @@ def test_a_rolling_restart_under_a_running_stream_and_sparks_own_source_beside_i
         stream.wait_for(list(writer.acked), CATCH_UP_S)
         rolling_restart(cluster)
         stream.check()
-        finish(stream, writer)
+        finish(stream, writer, cluster)
         spark_kafka.wait_for(writer.acked, CATCH_UP_S)
     finally:
         reply = spark_kafka.stop()
@@ -84,8 +86,7 @@ def test_a_rolling_restart_under_a_running_stream_and_sparks_own_source_beside_i
             stream.stop()
     # Spark's own source rode through the same restart: the reference behaviour.
     assert reply.get("error") is None, reply
-    assert_exactly_once(spark_kafka.rows(), writer.acked, "format('kafka')",
-                        log_records(writer.bootstrap, writer.topic, writer.partitions))
+    assert_exactly_once(spark_kafka.rows(), writer, "format('kafka')", cluster)
 
 
 def test_a_leader_killed_and_started_again_10_s_later(spark, cluster, tmp_path):
@@ -96,7 +97,7 @@ def test_a_leader_killed_and_started_again_10_s_later(spark, cluster, tmp_path):
         stream.wait_for(list(writer.acked), CATCH_UP_S)
         kill_leader(cluster, topic, down_s=10)
         stream.check()
-        finish(stream, writer)
+        finish(stream, writer, cluster)
     finally:
         if stream.query.isActive:
             stream.stop()
@@ -136,8 +137,7 @@ def test_a_batch_read_and_a_query_restarted_from_its_checkpoint_while_a_node_is_
         # restart: a batch id's last run is what an idempotent sink keeps.
         batches = {b.batch_id: b for b in first.batches + second.batches}
         rows = [row for b in batches.values() for row in b.rows]
-        assert_exactly_once(rows, writer.acked, "kwatermark, restarted",
-                            log_records(writer.bootstrap, writer.topic, writer.partitions))
+        assert_exactly_once(rows, writer, "kwatermark, restarted", cluster)
         assert watermark_regressions(list(batches.values())) == []
     finally:
         if not down.running:
@@ -156,7 +156,7 @@ def test_a_partition_reassignment_under_a_running_stream(spark, cluster, tmp_pat
         stream.wait_for(list(writer.acked), CATCH_UP_S)
         reassign(cluster, topic)
         stream.check()
-        finish(stream, writer)
+        finish(stream, writer, cluster)
     finally:
         if stream.query.isActive:
             stream.stop()

@@ -20,8 +20,8 @@ import pytest
 from confluent_kafka import Consumer
 
 from kwatermark import compiled
-from kwatermark.consumer import task_conf
 from kwatermark.arrow import OutputLayout
+from kwatermark.consumer import task_conf
 from kwatermark.errors import BrokerError, KWatermarkError, OptionError
 from kwatermark.offsets import PartitionState, RangeTask
 from kwatermark.options import parse_options
@@ -184,7 +184,7 @@ def test_both_engines_name_the_partition_and_its_leader_when_offsets_fail(broker
     finally:
         client.close()
         python.close()
-    host, port = broker.bootstrap_servers.split(",")[0].rsplit(":", 1)
+    port = broker.bootstrap_servers.split(",")[0].rsplit(":", 1)[1]
     assert len(named) == 1 and re.fullmatch(rf"leader node \d+ at [\w.]+:{port}",
                                             named.pop()), named
 

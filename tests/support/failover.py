@@ -18,21 +18,21 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections import Counter
 import os
 import subprocess
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer
-from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
 from kwatermark.kafkabroker import KafkaCluster, runtime_classpath
 from tests.support.streams import epoch_ms
+from tests.support.transactions import plain_read
 
 PARTITIONS = 6
 REASSIGN = Path(__file__).with_name("Reassign.java")
@@ -275,31 +275,12 @@ def exactly_once(rows: list[tuple[int, int, str]], acked: list[tuple[int, int | 
             sorted(unexpected, key=_order))
 
 
-def log_records(bootstrap: str, topic: str, partitions: int = PARTITIONS
+def log_records(cluster: KafkaCluster, topic: str, partitions: int = PARTITIONS
                 ) -> list[tuple[int, int, str]]:
     """Every record of ``topic`` as (partition, offset, value), read to each partition's end
-    with a plain confluent-kafka consumer: the ground truth of what a stream can read."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"truth-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "isolation.level": "read_uncommitted",
-                         "log_level": 0})
-    try:
-        ends = {p: consumer.get_watermark_offsets(KafkaTP(topic, p), timeout=30)[1]
-                for p in range(partitions)}
-        consumer.assign([KafkaTP(topic, p, 0) for p in range(partitions)])
-        found: list[tuple[int, int, str]] = []
-        todo = {p for p, end in ends.items() if end > 0}
-        deadline = time.monotonic() + 120
-        while todo and time.monotonic() < deadline:
-            for message in consumer.consume(1000, 1.0):
-                if message.error() is None:
-                    found.append((message.partition(), message.offset(),
-                                  message.value().decode()))
-                    if message.offset() + 1 >= ends[message.partition()]:
-                        todo.discard(message.partition())
-        assert not todo, f"partitions {sorted(todo)} of {topic} not read to their end"
-        return found
-    finally:
-        consumer.close()
+    by a plain confluent-kafka consumer (``transactions.plain_read``): the ground truth of
+    what a stream can read."""
+    return [(p, o, v.decode()) for p, o, _, v in plain_read(cluster, topic, partitions)]
 
 
 def watermark_regressions(batches: list[Batch]) -> list[tuple[int, int, int]]:
