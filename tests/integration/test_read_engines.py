@@ -219,8 +219,9 @@ def test_a_worker_keeps_its_consumer_between_tasks_and_nothing_of_the_last_task(
     source keeps consumers between tasks), reset: each task gets exactly its own range's
     records, after ranges ahead of, behind and overlapping what the consumer fetched last
     and on another partition. Without the reset (the last task's lanes and partitions left
-    as they were) the third task got 50 of its 100 records. A task that fails, or that
-    stops early, does not give its consumer back; one unused for a while is closed."""
+    as they were) the third task got 50 of its 100 records. It also reads a partition
+    again after a range that ended at the log's end, with records appended since. A task that fails, or that stops early, does not give
+    its consumer back; one unused for a while is closed."""
     monkeypatch.setattr(compiled, "_clients", compiled._Clients())
     topic = broker.create_topic(2)
     TopicWriter(broker, topic).send([Record(p, 1_000 + i, value=f"{p}-{i}".encode())
@@ -233,7 +234,11 @@ def test_a_worker_keeps_its_consumer_between_tasks_and_nothing_of_the_last_task(
         return PackReader(options, OutputLayout(), Decoders(), [task])
 
     kept = []
-    for p, start in [(0, 0), (0, 2_000), (0, 50), (1, 0), (0, 100)]:
+    steps = [(0, 0), (0, 2_000), (0, 50), (1, 0), (0, 100), (0, 2_900), (1, 2_900), (0, 3_000)]
+    for p, start in steps:
+        if start == 3_000:   # after a range that ended at the log's end: records since
+            TopicWriter(broker, topic).send([Record(0, 5_000 + i, value=f"0-{i}".encode())
+                                             for i in range(3_000, 3_100)])
         table = pa.Table.from_batches(list(pack(p, start, start + 100)))
         assert table.column("partition").to_pylist() == [p] * 100
         assert table.column("offset").to_pylist() == list(range(start, start + 100))
@@ -248,7 +253,7 @@ def test_a_worker_keeps_its_consumer_between_tasks_and_nothing_of_the_last_task(
     stopped.close()   # Spark stops reading (a limit): the consumer is closed, not kept
     assert not compiled._clients.kept and kept[0].handle == compiled.ffi.NULL
     with pytest.raises(KWatermarkError, match=f"topic {topic}, partition 0"):
-        list(pack(0, 2_990, 3_010))   # past the log's end
+        list(pack(0, 3_090, 3_110))   # past the log's end
     assert not compiled._clients.kept
 
     monkeypatch.setattr(compiled._Clients, "IDLE_S", 0.4)
