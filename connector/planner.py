@@ -123,6 +123,9 @@ class BatchPlanner:
                                      default=options.state_location_is_default)
         self.fingerprint = options.watermark.fingerprint()
         self._policy = None
+        # The offset whose tasks were last planned, its tasks and their packs.
+        self._tasks: tuple[BatchOffset, list[RangeTask], list[tuple[RangeTask, ...]]] | None \
+            = None
         # The batch last folded (its offset): the states, the highest row watermark and the
         # lowest event time each partition read.
         self._folded: tuple[BatchOffset, dict[TopicPartition, PartitionState], int,
@@ -153,7 +156,7 @@ class BatchPlanner:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         # Driver-side observation stays on the driver: tasks never read it.
-        state.update(_policy=None, _folded=None, latest_seen={}, _announced=set(),
+        state.update(_policy=None, _folded=None, _tasks=None, latest_seen={}, _announced=set(),
                      _known=[], _may_hold=None, _marks={}, _topic_ids={}, _behind_since={})
         return state
 
@@ -560,6 +563,19 @@ class BatchPlanner:
 
     def tasks(self, offset: BatchOffset) -> list[RangeTask]:
         """The Spark tasks of the batch that ends at ``offset``; a pure function of it."""
+        return self._tasks_and_packs(offset)[0]
+
+    def _tasks_and_packs(self, offset: BatchOffset
+                 ) -> tuple[list[RangeTask], list[tuple[RangeTask, ...]]]:
+        """``offset``'s tasks and their packs, computed once per offset: Spark planning the
+        batch (``packed_tasks``) and the next planning folding it (``fold``) hand over the
+        same offset object (``offset`` parses each JSON once). Callers do not change them."""
+        if self._tasks is None or self._tasks[0] is not offset:
+            tasks = self._plan_tasks(offset)
+            self._tasks = (offset, tasks, self._packs(tasks))
+        return self._tasks[1], self._tasks[2]
+
+    def _plan_tasks(self, offset: BatchOffset) -> list[RangeTask]:
         marks = {tp: self.partition_watermark(r.state) for tp, r in offset.partitions.items()}
         counted = {tp: r.state.idle != idle.EXCLUDE for tp, r in offset.partitions.items()}
         lowest = sorted((marks[tp], tp) for tp in marks if counted[tp])[:2]
@@ -586,9 +602,9 @@ class BatchPlanner:
     def packed_tasks(self, offset: BatchOffset) -> list[tuple[RangeTask, ...]]:
         """The ranges of ``tasks(offset)`` grouped into Spark tasks (``minRecordsPerPartition``,
         DESIGN §12). Packing changes which task reads a range, never the range's rows or
-        progress record; a pack's records are stored together, which ``fold`` finds by
-        packing ``tasks`` again (a pure function of the offset and the options)."""
-        packs = self._packs(self.tasks(offset))
+        progress record; a pack's records are stored together, which ``fold`` finds under the
+        same packing (a pure function of the offset and the options)."""
+        packs = self._tasks_and_packs(offset)[1]
         if self._may_hold is not None:
             self._may_hold.update(pack[0].tp for pack in packs)   # where a pack's file goes
         return packs
@@ -603,11 +619,11 @@ class BatchPlanner:
         if self._folded is not None and (self._folded[0] is offset
                                          or self._folded[0] == offset):
             return self._folded[1], self._folded[2]
-        tasks = self.tasks(offset)
+        tasks, packs = self._tasks_and_packs(offset)
         found: list[ProgressRecord | None] = []
         # Spark tasks wrote one file per pack (ledger.publish_pack); a range's own record
         # is there when its pack's is not (a record recomputed here, or packed otherwise).
-        for pack in self._packs(tasks):
+        for pack in packs:
             in_pack = self.ledger.lookup_pack(pack, self.fingerprint) if len(pack) > 1 else None
             found += in_pack or [self.ledger.lookup(task, self.fingerprint) for task in pack]
         missing = [task for task, record in zip(tasks, found) if record is None]
