@@ -26,6 +26,8 @@ from kwatermark.rdkafka_log import librdkafka_logger
 # arriving at once (bench/README.md: a 1-record task 1,005 ms -> 13 ms at 10 ms -> 3 ms at
 # 1 ms; 5M-record range RSS growth 165 MB -> 3 MB; CPU per record not higher).
 MAX_PREFETCH_MESSAGES = 100_000
+# The most a pack's consumer fetches per request (pack_fetch_bytes).
+PACK_FETCH_MAX_BYTES = 8 << 20
 FETCH_QUEUE_BACKOFF_MS = 1
 # One offsets request's longest wait; a longer wait is spent in retries.
 ATTEMPT_S = 5.0
@@ -63,7 +65,7 @@ def task_conf(options: SourceOptions, remaining: int, partitions: int = 1) -> di
     # hid aborted records that format("kafka") returns.
     conf.setdefault("isolation.level", "read_uncommitted")
     if partitions > 1 and "fetch.max.bytes" not in conf:
-        conf["fetch.max.bytes"] = pack_fetch_bytes(conf)
+        conf["fetch.max.bytes"] = pack_fetch_bytes(conf, partitions)
     return conf
 
 
@@ -75,18 +77,24 @@ def prefetch(remaining: int) -> int:
     return min(1 << max(0, remaining - 1).bit_length(), MAX_PREFETCH_MESSAGES)
 
 
-def pack_fetch_bytes(conf: dict) -> int:
+def pack_fetch_bytes(conf: dict, partitions: int) -> int:
     """A pack's Fetch size: what a task reading one partition fetches per request
-    (``max.partition.fetch.bytes``), not librdkafka's 50 MB total.
+    (``max.partition.fetch.bytes``) for each of its partitions, counted up to the next power
+    of two (a steady stream's packs then share one configuration and a kept consumer), at
+    most ``PACK_FETCH_MAX_BYTES``, never librdkafka's 50 MB.
 
-    A pack's ranges are small, but the partitions usually go on past them: with the default,
-    every Fetch brings back up to 1 MB of every partition of the pack, nearly all of it past
-    the ranges' ends, to be parsed and thrown away (512 partitions of 40 records: the
-    broker's answers took 0.6 s where 20,000 records needed 0.1 s; bench/README.md).
-    librdkafka refuses a ``fetch.max.bytes`` below ``message.max.bytes``."""
+    A pack's ranges are small, but the partitions usually go on past them: every byte a
+    Fetch brings back past a range's end is parsed and thrown away (512 partitions of 40
+    records with the 50 MB default: the broker's answers took 0.6 s where 20,000 records
+    needed 0.1 s). One partition's worth per request, the earlier size, took a round trip
+    per megabyte instead: 512 ranges of 48 records (3.2 MB) 150 ms, 106 ms at 8 MB; with
+    40 times as many records past the ranges, 513 ms against 323 (32 MB: 326 ms, more CPU;
+    bench/README.md). librdkafka refuses a ``fetch.max.bytes`` below
+    ``message.max.bytes``."""
     partition = int(conf.get("max.partition.fetch.bytes",
                              conf.get("fetch.message.max.bytes", 1_048_576)))
-    return max(partition, int(conf.get("message.max.bytes", 1_000_000)))
+    wanted = min(partition << max(0, partitions - 1).bit_length(), PACK_FETCH_MAX_BYTES)
+    return max(partition, wanted, int(conf.get("message.max.bytes", 1_000_000)))
 
 
 def partition_bounds(consumer: Consumer, options: SourceOptions, tasks: list[RangeTask]

@@ -219,12 +219,16 @@ def test_a_lost_pack_is_recomputed_range_by_range_and_counted(tmp_path, caplog):
     assert "recomputed 5 of 6 ranges of the last batch on the driver" in caplog.text
 
 
-def test_a_pack_fetches_per_request_what_a_one_partition_task_fetches():
+def test_a_pack_fetches_per_request_its_partitions_worth_up_to_8_mb():
     from kwatermark.consumer import pack_fetch_bytes
 
-    assert pack_fetch_bytes({}) == 1_048_576                 # librdkafka's partition default
-    assert pack_fetch_bytes({"max.partition.fetch.bytes": "65536"}) == 1_000_000
-    assert pack_fetch_bytes({"max.partition.fetch.bytes": "4194304"}) == 4_194_304
-    assert pack_fetch_bytes({"fetch.message.max.bytes": "2000000"}) == 2_000_000
+    mib = 1_048_576                                            # librdkafka's partition default
+    assert pack_fetch_bytes({}, 2) == 2 * mib
+    assert pack_fetch_bytes({}, 3) == pack_fetch_bytes({}, 4) == 4 * mib   # a power of two
+    assert pack_fetch_bytes({}, 512) == 8 * mib                # not librdkafka's 50 MB
+    assert pack_fetch_bytes({"max.partition.fetch.bytes": "65536"}, 4) == 1_000_000
+    assert pack_fetch_bytes({"max.partition.fetch.bytes": "65536"}, 64) == 4 * mib
+    assert pack_fetch_bytes({"max.partition.fetch.bytes": "16777216"}, 8) == 16 * mib
+    assert pack_fetch_bytes({"fetch.message.max.bytes": "2000000"}, 2) == 4_000_000
     assert pack_fetch_bytes({"max.partition.fetch.bytes": "65536",
-                             "message.max.bytes": "100000"}) == 100_000
+                             "message.max.bytes": "100000"}, 2) == 131_072
