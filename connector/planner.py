@@ -566,7 +566,7 @@ class BatchPlanner:
         return self._tasks_and_packs(offset)[0]
 
     def _tasks_and_packs(self, offset: BatchOffset
-                 ) -> tuple[list[RangeTask], list[tuple[RangeTask, ...]]]:
+                         ) -> tuple[list[RangeTask], list[tuple[RangeTask, ...]]]:
         """``offset``'s tasks and their packs, computed once per offset: Spark planning the
         batch (``packed_tasks``) and the next planning folding it (``fold``) hand over the
         same offset object (``offset`` parses each JSON once). Callers do not change them."""

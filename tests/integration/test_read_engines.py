@@ -220,8 +220,9 @@ def test_a_worker_keeps_its_consumer_between_tasks_and_nothing_of_the_last_task(
     records, after ranges ahead of, behind and overlapping what the consumer fetched last
     and on another partition. Without the reset (the last task's lanes and partitions left
     as they were) the third task got 50 of its 100 records. It also reads a partition
-    again after a range that ended at the log's end, with records appended since. A task that fails, or that stops early, does not give
-    its consumer back; one unused for a while is closed."""
+    again after a range that ended at the log's end, with records appended since. A task
+    that fails, or that stops early, does not give its consumer back; one unused for a
+    while is closed."""
     monkeypatch.setattr(compiled, "_clients", compiled._Clients())
     topic = broker.create_topic(2)
     TopicWriter(broker, topic).send([Record(p, 1_000 + i, value=f"{p}-{i}".encode())
