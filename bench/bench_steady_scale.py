@@ -1,0 +1,108 @@
+"""The micro-batch at 512 partitions against 4 at steady state (issue 36): long AvailableNow
+runs, not the three batches per run of ``bench_partitions.py --scale``.
+
+One SparkSession (``local[2]``), the project's Apache Kafka, one topic per partition count
+holding ``--batches`` x ``--per-batch`` records of 100 B; each run reads its topic from the
+earliest offset with ``maxOffsetsPerTrigger=--per-batch`` into the noop sink, runs
+alternating between the counts (4, 512, 512, 4, ...). The figure is the median
+``triggerExecution`` of every full batch after a run's first three (Spark's JIT is still
+compiling for the first several batches of a run: 506 -> 232 ms over twelve at 512
+partitions). Prints every run's batches and the ratio of the medians; results go to
+``bench/results/steady-scale.json``.
+
+Run: ``python bench/bench_steady_scale.py`` (about 3 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql import SparkSession
+
+from kwatermark.localbroker import LocalBroker
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                       "steady-scale.json")
+SKIPPED = 3   # the first batches of each run: warming up
+
+
+def produce(bootstrap: str, topic: str, partitions: int, records: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
+    time.sleep(2)   # the new partitions' leaders
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    for i in range(records):
+        producer.produce(topic, value=b"x" * 100, partition=i % partitions)
+        if i % 20_000 == 0:
+            producer.flush()
+    producer.flush()
+
+
+def run(spark: SparkSession, bootstrap: str, topic: str, per_batch: int, work: str
+        ) -> list[int]:
+    """One AvailableNow run from the earliest offset: each full batch's triggerExecution."""
+    name = uuid.uuid4().hex
+    query = (spark.readStream.format("kwatermark")
+             .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+             .option("startingOffsets", "earliest")
+             .option("maxOffsetsPerTrigger", str(per_batch))
+             .option("watermark.stateLocation", f"{work}/state-{name}").load()
+             .writeStream.format("noop").option("checkpointLocation", f"{work}/cp-{name}")
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    return [p.durationMs["triggerExecution"] for p in query.recentProgress
+            if p.numInputRows == per_batch]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--partitions", default="4,512", help="two partition counts")
+    parser.add_argument("--per-batch", type=int, default=8192, help="maxOffsetsPerTrigger")
+    parser.add_argument("--batches", type=int, default=12, help="micro-batches per run")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each count, x2")
+    parser.add_argument("--results", default=RESULTS)
+    args = parser.parse_args()
+    low, high = (int(p) for p in args.partitions.split(","))
+    broker = LocalBroker.start(kind="kafka")
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        for count in (low, high):
+            produce(broker.bootstrap_servers, f"steady-{count}", count,
+                    args.per_batch * args.batches)
+        warm: dict[int, list[int]] = {low: [], high: []}
+        runs = []
+        with tempfile.TemporaryDirectory() as work:
+            for count in [low, high, high, low] * args.rounds:
+                batches = run(spark, broker.bootstrap_servers, f"steady-{count}",
+                              args.per_batch, work)
+                warm[count] += batches[SKIPPED:]
+                runs.append({"partitions": count, "trigger_ms": batches})
+                print(f"{count:>5} partitions: {batches} ms", flush=True)
+        medians = {count: statistics.median(times) for count, times in warm.items()}
+        ratio = medians[high] / medians[low]
+        print(f"median of batches {SKIPPED + 1}-{args.batches} of every run: {low} partitions "
+              f"{medians[low]:.0f} ms, {high} partitions {medians[high]:.0f} ms, ratio "
+              f"{ratio:.2f}x (n={len(warm[low])}, {len(warm[high])})")
+        os.makedirs(os.path.dirname(args.results), exist_ok=True)
+        with open(args.results, "w") as out:
+            json.dump({"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       "per_batch": args.per_batch, "batches": args.batches, "runs": runs,
+                       "median_ms": {str(k): v for k, v in medians.items()},
+                       "ratio": ratio, "load_avg": os.getloadavg()}, out, indent=1)
+    finally:
+        spark.stop()
+        broker.stop()
+
+
+if __name__ == "__main__":
+    main()
