@@ -69,12 +69,18 @@ def task_conf(options: SourceOptions, remaining: int, partitions: int = 1) -> di
     return conf
 
 
+def _power_of_two(n: int) -> int:
+    """The least power of two >= ``n`` (1 for n <= 1): settings counted this way stay the
+    same from one micro-batch to the next, so a worker's kept consumer serves them."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 def prefetch(remaining: int) -> int:
     """``queued.min.messages`` for a task with ``remaining`` records in a partition: the next
     power of two, so that successive micro-batches of a steady stream ask for the same
     configuration and a worker's kept consumer serves them (kwatermark.compiled._Clients);
     at most ``MAX_PREFETCH_MESSAGES``."""
-    return min(1 << max(0, remaining - 1).bit_length(), MAX_PREFETCH_MESSAGES)
+    return min(_power_of_two(remaining), MAX_PREFETCH_MESSAGES)
 
 
 def pack_fetch_bytes(conf: dict, partitions: int) -> int:
@@ -87,13 +93,12 @@ def pack_fetch_bytes(conf: dict, partitions: int) -> int:
     Fetch brings back past a range's end is parsed and thrown away (512 partitions of 40
     records with the 50 MB default: the broker's answers took 0.6 s where 20,000 records
     needed 0.1 s). One partition's worth per request, the earlier size, took a round trip
-    per megabyte instead: 512 ranges of 48 records (3.2 MB) 150 ms, 106 ms at 8 MB; with
-    40 times as many records past the ranges, 513 ms against 323 (32 MB: 326 ms, more CPU;
-    bench/README.md). librdkafka refuses a ``fetch.max.bytes`` below
-    ``message.max.bytes``."""
+    per megabyte instead (512 ranges of 48 records: 135 ms, 95 ms at 8 MB; with 40 times as
+    many records past the ranges, 8 MB still beat 1 MB and 32 MB; bench/README.md).
+    librdkafka refuses a ``fetch.max.bytes`` below ``message.max.bytes``."""
     partition = int(conf.get("max.partition.fetch.bytes",
                              conf.get("fetch.message.max.bytes", 1_048_576)))
-    wanted = min(partition << max(0, partitions - 1).bit_length(), PACK_FETCH_MAX_BYTES)
+    wanted = min(partition * _power_of_two(partitions), PACK_FETCH_MAX_BYTES)
     return max(partition, wanted, int(conf.get("message.max.bytes", 1_000_000)))
 
 
