@@ -29,6 +29,15 @@ MAX_PREFETCH_MESSAGES = 100_000
 # The most a pack's consumer fetches per request (pack_fetch_bytes).
 PACK_FETCH_MAX_BYTES = 8 << 20
 FETCH_QUEUE_BACKOFF_MS = 1
+# How long the broker holds a Fetch that finds no new records (librdkafka: 500 ms). A task
+# plans only records already in the log, so it never needs that wait; but as soon as a range
+# is read up to the log's end librdkafka fetches past it, and a consumer has one Fetch in
+# flight per broker: the next task on a worker's kept consumer (kwatermark.compiled) waited
+# behind it, up to 500 ms per task in every micro-batch that reaches the log's end (four
+# one-partition tasks in a row: 10, 508, 508, 509 ms; 8, 10, 13, 10 at 5 ms;
+# bench/bench_log_end.py). Empty Fetches come at most every 5 ms, and only while all of a
+# consumer's started partitions sit at the log's end.
+FETCH_WAIT_MAX_MS = 5
 # One offsets request's longest wait; a longer wait is spent in retries.
 ATTEMPT_S = 5.0
 
@@ -60,6 +69,7 @@ def task_conf(options: SourceOptions, remaining: int, partitions: int = 1) -> di
     })
     conf.setdefault("queued.min.messages", prefetch(remaining))
     conf.setdefault("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS)
+    conf.setdefault("fetch.wait.max.ms", FETCH_WAIT_MAX_MS)
     # Kafka's Java consumer, so Spark's source, defaults to read_uncommitted, and the driver
     # plans to that isolation's end offsets; librdkafka's default is read_committed, which
     # hid aborted records that format("kafka") returns.

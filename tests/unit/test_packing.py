@@ -232,3 +232,17 @@ def test_a_pack_fetches_per_request_its_partitions_worth_up_to_8_mb():
     assert pack_fetch_bytes({"fetch.message.max.bytes": "2000000"}, 2) == 4_000_000
     assert pack_fetch_bytes({"max.partition.fetch.bytes": "65536",
                              "message.max.bytes": "100000"}, 2) == 131_072
+
+
+def test_a_tasks_consumer_does_not_hold_a_fetch_at_the_log_end_unless_asked():
+    """A worker's next task reads with the kept consumer, behind the Fetch its last task left
+    at the log's end: the broker holds that one only 5 ms, not librdkafka's 500, unless the
+    user sets kafka.fetch.wait.max.ms."""
+    from kwatermark.consumer import task_conf
+
+    def conf(**kafka: str) -> dict:
+        return task_conf(parse_options({"kafka.bootstrap.servers": "b:9092", "subscribe": "t",
+                                        **{f"kafka.{k}": v for k, v in kafka.items()}}), 100)
+
+    assert conf()["fetch.wait.max.ms"] == 5
+    assert conf(**{"fetch.wait.max.ms": "500"})["fetch.wait.max.ms"] == "500"
