@@ -15,7 +15,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kwatermark import retries, security
-from kwatermark.consumer import task_conf
+from kwatermark.consumer import chunked_offsets, task_conf
 from kwatermark.errors import BrokerError, OptionError
 from kwatermark.offsets import TopicPartition
 from kwatermark.options import SourceOptions, Subscription
@@ -414,8 +414,8 @@ class KafkaMetadata:
         return found
 
     def _quick(self, tps: list[TopicPartition], which: int) -> dict[TopicPartition, int]:
-        """The partitions' offsets in one ``offsets_for_times`` call of a consumer: one C
-        call for every partition, where the AdminClient makes a Python future per
+        """The partitions' offsets through a consumer's ``offsets_for_times``: one C call per
+        512 partitions (``chunked_offsets``), where the AdminClient makes a Python future per
         partition (about 1 s of the driver's planning at 4,096 partitions). Only clean
         answers are kept; whatever it does not answer at once (a leader moving, a broker
         down: no retry here) goes to ``_list_offsets``, and after such a failure the quick
@@ -428,8 +428,8 @@ class KafkaMetadata:
                 conf = task_conf(self.options, 1)
                 conf["logger"] = librdkafka_logger()
                 self._consumer = Consumer(conf)
-            answer = self._consumer.offsets_for_times([KafkaTP(t, p, which) for t, p in tps],
-                                                      QUICK_TIMEOUT_S)
+            answer = chunked_offsets(self._consumer, [KafkaTP(t, p, which) for t, p in tps],
+                                     QUICK_TIMEOUT_S)
         except KafkaException as exc:
             log.debug("quick offsets lookup failed (%s); asking through the admin client", exc)
             self._quick_after = time.monotonic() + QUICK_REST_S

@@ -40,6 +40,10 @@ FETCH_QUEUE_BACKOFF_MS = 1
 FETCH_WAIT_MAX_MS = 5
 # One offsets request's longest wait; a longer wait is spent in retries.
 ATTEMPT_S = 5.0
+# Partitions per offsets_for_times call. librdkafka's handling of a ListOffsets grows faster
+# than its partitions: one call for 4,096 took 67-78 ms, eight calls of 512 one after
+# another 29-44 ms; 2,048: 21 -> 13 ms; 512 alone 4 ms (the project's Apache Kafka).
+OFFSETS_CHUNK = 512
 
 
 def open_consumer(options: SourceOptions, remaining: int, partitions: int = 1) -> Consumer:
@@ -131,6 +135,18 @@ def partition_bounds(consumer: Consumer, options: SourceOptions, tasks: list[Ran
     return {tp: (low[tp], high[tp]) for tp in tps}
 
 
+def chunked_offsets(consumer, tps: list[KafkaTP], timeout: float) -> list:
+    """``consumer.offsets_for_times(tps, timeout)`` (confluent-kafka's consumer or the compiled
+    engine's) in calls of at most ``OFFSETS_CHUNK`` partitions, all within ``timeout``; a
+    call that fails fails the whole."""
+    deadline = time.monotonic() + timeout
+    answer: list = []
+    for i in range(0, len(tps), OFFSETS_CHUNK):
+        answer += consumer.offsets_for_times(tps[i:i + OFFSETS_CHUNK],
+                                             max(0.05, deadline - time.monotonic()))
+    return answer
+
+
 def _offsets(consumer: Consumer, options: SourceOptions, tps: list[tuple[str, int]],
              which: int) -> dict[tuple[str, int], int]:
     found: dict[tuple[str, int], int] = {}
@@ -140,8 +156,8 @@ def _offsets(consumer: Consumer, options: SourceOptions, tps: list[tuple[str, in
     while asked:
         timeout = max(0.5, min(ATTEMPT_S, stall.last + stall.limit_s - time.monotonic()))
         try:
-            answer = consumer.offsets_for_times([KafkaTP(t, p, which) for t, p in asked],
-                                                timeout)
+            answer = chunked_offsets(consumer, [KafkaTP(t, p, which) for t, p in asked],
+                                     timeout)
             # No error and no offset (-1001): the leader is not ready yet (broker.py).
             failed = [(tp, tp.error if tp.error is not None else KafkaError(
                 KafkaError.LEADER_NOT_AVAILABLE, f"no offset yet ({tp.offset})"))
