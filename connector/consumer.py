@@ -162,8 +162,9 @@ def _offsets(consumer: Consumer, options: SourceOptions, tps: list[tuple[str, in
             failed = [(tp, tp.error if tp.error is not None else KafkaError(
                 KafkaError.LEADER_NOT_AVAILABLE, f"no offset yet ({tp.offset})"))
                 for tp in answer if tp.error is not None or tp.offset < 0]
-        except KafkaException as exc:
-            failed = [(KafkaTP(*asked[0]), exc.args[0] if exc.args else exc)]
+        except KafkaException as exc:   # no answer at all (a broker down): none progressed
+            error = exc.args[0] if exc.args else exc
+            failed = [(KafkaTP(*tp), error) for tp in asked]
             answer = []
         for tp in answer:
             if tp.error is None and tp.offset >= 0:
@@ -182,7 +183,7 @@ def _offsets(consumer: Consumer, options: SourceOptions, tps: list[tuple[str, in
             raise _offsets_error(consumer, options, (first.topic, first.partition), error,
                                  stalled=retries.transient(error))
         time.sleep(wait)
-        asked = [(tp.topic, tp.partition) for tp, _ in failed] if answer else asked
+        asked = [(tp.topic, tp.partition) for tp, _ in failed]
     return found
 
 

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from kwatermark.pack import PackReader
 from kwatermark.reader import Decoders
 from kwatermark.retries import leader_of
 from kwatermark.watermarks import NO_PARTITIONS
-from tests.support.kafka import Record, TopicWriter
+from tests.support.kafka import Record, TestBroker, TopicWriter
 from tests.support.transactions import TransactionalWriter, end_offsets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -266,3 +267,49 @@ def test_a_worker_keeps_its_consumer_between_tasks_and_nothing_of_the_last_task(
     while client.handle != compiled.ffi.NULL and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not idle.kept and client.handle == compiled.ffi.NULL, "an idle consumer stays open"
+
+
+def test_a_task_whose_brokers_are_all_down_fails_once_poll_timeout_passes_on_both_engines():
+    """A pack's offsets query with every broker down fails once kafkaConsumer.pollTimeoutMs
+    passes without an answer, naming the topic, a partition and the bootstrap servers, on
+    both engines (a worker's kept consumer too). A query of several partitions that got no
+    answer at all once counted as progress (only its first partition was marked failed), so
+    the task retried for ever: 512-partition reads sat for hours on a dead broker."""
+    from kwatermark.localbroker import LocalBroker
+
+    engines = ["python"] + (["compiled"] if compiled.unavailable() is None else [])
+    own = LocalBroker.start(kind="kafka")   # this test stops it
+    try:
+        broker = TestBroker(own.bootstrap_servers, "kafka")
+        topic = broker.create_topic(8)
+        TopicWriter(broker, topic).send([Record(p, 1_000 + i) for i in range(3) for p in range(8)])
+        packs = {}
+        for engine in engines:
+            options = parse_options({"kafka.bootstrap.servers": own.bootstrap_servers,
+                                     "subscribe": topic, "readEngine": engine,
+                                     "kafkaConsumer.pollTimeoutMs": "3000"})
+            tasks = [RangeTask(topic, p, 0, 3, PartitionState(), True, None, NO_PARTITIONS)
+                     for p in range(8)]
+            assert sum(b.num_rows for b in PackReader(options, OutputLayout(), Decoders(),
+                                                      tasks)) == 24
+            packs[engine] = (options, tasks)
+    finally:
+        own.stop()
+    for engine, (options, tasks) in packs.items():
+        outcome: list[BaseException] = []
+
+        def read(options=options, tasks=tasks, outcome=outcome) -> None:
+            try:
+                list(PackReader(options, OutputLayout(), Decoders(), tasks))
+            except BaseException as exc:   # noqa: BLE001 - handed to the test's thread
+                outcome.append(exc)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(120)   # 40x the budget: a hang, not a speed, is what fails here
+        assert not reader.is_alive(), f"{engine}: still retrying 120 s after pollTimeoutMs=3000"
+        assert len(outcome) == 1 and isinstance(outcome[0], BrokerError), (engine, outcome)
+        assert re.search(rf"topic {topic}, partition \d: cannot fetch offsets from "
+                         rf"kafka.bootstrap.servers='{re.escape(own.bootstrap_servers)}'.*"
+                         rf"no answer for kafkaConsumer.pollTimeoutMs=3000",
+                         str(outcome[0])), (engine, str(outcome[0]))
