@@ -11,14 +11,22 @@ before), in alternating order. A round's first task finds no Fetch held (the rec
 appended ended it), so the figure is the median of the other tasks; prints every round and
 the ratio.
 
-Run: ``python bench/bench_log_end.py`` (about 30 s).
+With ``--stream``, the same comparison in Spark: a stream of ``--rate`` records a second
+over the partitions, read by a query with a 1 s trigger into the noop sink (``local[2]``:
+each Python worker reads two partitions one after the other), ``--seconds`` per run, the
+two settings alternating; prints the median ``addBatch`` of the batches that read records.
+
+Run: ``python bench/bench_log_end.py`` (about 30 s); ``--stream`` about 4 minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
+import threading
 import time
+import uuid
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -50,12 +58,64 @@ def read_round(bootstrap: str, topic: str, partitions: int, start: int, records:
     return times
 
 
+def stream_runs(bootstrap: str, topic: str, partitions: int, rate: int, seconds: float,
+                rounds: int) -> dict[str, list[int]]:
+    """Queries with a 1 s trigger under a steady writer: each setting's ``addBatch`` ms."""
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    stop = threading.Event()
+
+    def write() -> None:
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+        i = 0
+        while not stop.is_set():
+            producer.produce(topic, value=b"x" * 100, partition=i % partitions)
+            producer.poll(0)
+            i += 1
+            time.sleep(1 / rate)
+        producer.flush()
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    added: dict[str, list[int]] = {name: [] for name in SETTINGS}
+    try:
+        with tempfile.TemporaryDirectory() as work:
+            for k in range(rounds):
+                for name in list(SETTINGS) if k % 2 == 0 else list(SETTINGS)[::-1]:
+                    run = uuid.uuid4().hex
+                    query = (spark.readStream.format("kwatermark")
+                             .option("kafka.bootstrap.servers", bootstrap)
+                             .option("subscribe", topic).options(**SETTINGS[name])
+                             .option("watermark.stateLocation", f"{work}/s-{run}").load()
+                             .writeStream.format("noop").trigger(processingTime="1 second")
+                             .option("checkpointLocation", f"{work}/c-{run}").start())
+                    time.sleep(seconds)
+                    query.stop()
+                    times = [p.durationMs["addBatch"] for p in query.recentProgress
+                             if p.numInputRows > 0][2:]   # the first batches warm up
+                    added[name] += times
+                    print(f"run {k}, {name:>20}: addBatch median "
+                          f"{statistics.median(times or [0]):.0f} ms, max "
+                          f"{max(times or [0])} ms ({len(times)} batches)", flush=True)
+    finally:
+        stop.set()
+        writer.join()
+        spark.stop()
+    return added
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--records", type=int, default=100, help="per partition per round")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--engine", default="compiled", choices=("compiled", "python"))
+    parser.add_argument("--stream", action="store_true", help="in Spark, 1 s trigger")
+    parser.add_argument("--rate", type=int, default=8, help="--stream: records a second")
+    parser.add_argument("--seconds", type=float, default=45, help="--stream: per run")
     args = parser.parse_args()
     broker = LocalBroker.start(kind="kafka")
     bootstrap, topic = broker.bootstrap_servers, "log-end"
@@ -63,6 +123,14 @@ def main() -> None:
         admin = AdminClient({"bootstrap.servers": bootstrap})
         admin.create_topics([NewTopic(topic, args.partitions, 1)])[topic].result()
         time.sleep(2)   # the new partitions' leaders
+        if args.stream:
+            added = stream_runs(bootstrap, topic, args.partitions, args.rate, args.seconds,
+                                max(2, args.rounds // 4))
+            new, old = (statistics.median(added[name]) for name in SETTINGS)
+            print(f"1 s trigger, {args.rate} records/s over {args.partitions} partitions, "
+                  f"addBatch median: {new:.0f} ms (default) against {old:.0f} ms "
+                  f"(fetch.wait.max.ms=500): ratio {old / new:.2f}")
+            return
         producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
         later: dict[str, list[float]] = {name: [] for name in SETTINGS}
         names = list(SETTINGS)

@@ -33,10 +33,10 @@ FETCH_QUEUE_BACKOFF_MS = 1
 # plans only records already in the log, so it never needs that wait; but as soon as a range
 # is read up to the log's end librdkafka fetches past it, and a consumer has one Fetch in
 # flight per broker: the next task on a worker's kept consumer (kwatermark.compiled) waited
-# behind it, up to 500 ms per task in every micro-batch that reaches the log's end (four
-# one-partition tasks in a row: 10, 508, 508, 509 ms; 8, 10, 13, 10 at 5 ms;
-# bench/bench_log_end.py). Empty Fetches come at most every 5 ms, and only while all of a
-# consumer's started partitions sit at the log's end.
+# behind it, up to 500 ms unless a new record ended the wait (an AvailableNow run's last
+# batch; four one-partition tasks in a row at the log's end: 10, 508, 508, 509 ms; 8, 10,
+# 13, 10 at 5 ms; bench/bench_log_end.py). Empty Fetches come at most every 5 ms, and only
+# while all of a consumer's started partitions sit at the log's end.
 FETCH_WAIT_MAX_MS = 5
 # One offsets request's longest wait; a longer wait is spent in retries.
 ATTEMPT_S = 5.0
