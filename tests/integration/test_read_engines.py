@@ -274,7 +274,7 @@ def test_a_task_whose_brokers_are_all_down_fails_once_poll_timeout_passes_on_bot
     passes without an answer, naming the topic, a partition and the bootstrap servers, on
     both engines (a worker's kept consumer too). A query of several partitions that got no
     answer at all once counted as progress (only its first partition was marked failed), so
-    the task retried for ever: 512-partition reads sat for hours on a dead broker."""
+    the task retried for ever (a 512-partition read sat 20 minutes on a dead broker)."""
     from kwatermark.localbroker import LocalBroker
 
     engines = ["python"] + (["compiled"] if compiled.unavailable() is None else [])
