@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
@@ -35,7 +35,11 @@ class ProgressRecord:
     max_row_watermark: int | None  # highest watermark emitted on a row of the range
 
     def to_json(self) -> dict:
-        return asdict(self)
+        # Not dataclasses.asdict: it deep-copies the generator snapshot, ~25 µs a record
+        # (a 512-range pack's file: ~13 ms of the task), for a dict that is only written.
+        return {"generator": self.generator, "count": self.count,
+                "min_event_ms": self.min_event_ms, "max_event_ms": self.max_event_ms,
+                "max_row_watermark": self.max_row_watermark}
 
     @classmethod
     def from_json(cls, data: dict) -> ProgressRecord:
