@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import pyarrow.fs as pafs
 
@@ -37,14 +37,14 @@ class ProgressRecord:
     def to_json(self) -> dict:
         # Not dataclasses.asdict: it deep-copies the generator snapshot, ~25 µs a record
         # (a 512-range pack's file: ~13 ms of the task), for a dict that is only written.
-        return {"generator": self.generator, "count": self.count,
-                "min_event_ms": self.min_event_ms, "max_event_ms": self.max_event_ms,
-                "max_row_watermark": self.max_row_watermark}
+        return {name: getattr(self, name) for name in _RECORD_FIELDS}
 
     @classmethod
     def from_json(cls, data: dict) -> ProgressRecord:
-        return cls(**{k: data[k] for k in ("generator", "count", "min_event_ms",
-                                            "max_event_ms", "max_row_watermark")})
+        return cls(**{name: data[name] for name in _RECORD_FIELDS})
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(ProgressRecord))
 
 
 def record_content(task: RangeTask, fingerprint: dict) -> str:
