@@ -15,11 +15,12 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass, fields
+from operator import attrgetter
 
 import pyarrow.fs as pafs
 
 from kwatermark.errors import OptionError
-from kwatermark.offsets import RangeTask
+from kwatermark.offsets import PartitionState, RangeTask
 
 log = logging.getLogger("kwatermark.ledger")
 
@@ -82,10 +83,18 @@ def record_key(task: RangeTask, fingerprint: dict) -> str:
 
 
 def pack_key(tasks: tuple[RangeTask, ...], fingerprint: dict) -> str:
-    """A pack's key: its ranges' keys, in order (the same ranges packed otherwise, or in
-    another order, are another pack)."""
-    content = ",".join(record_key(task, fingerprint) for task in tasks)
+    """A pack's key: the hash of every input of its ranges, in order (the same ranges packed
+    otherwise, or in another order, are another pack), as one compact JSON document of
+    field tuples: a third of the cost of a key per range (~2 µs a range, where the driver
+    computes one per range of the last batch when it plans)."""
+    content = _COMPACT(["pack", fingerprint, [(_TASK_FIELDS(task), _STATE_FIELDS(task.state))
+                                              for task in tasks]])
     return hashlib.sha256(content.encode()).hexdigest()[:32]
+
+
+# Every field a range's rows and state depend on, in declaration order.
+_TASK_FIELDS = attrgetter(*(f.name for f in fields(RangeTask) if f.name != "state"))
+_STATE_FIELDS = attrgetter(*(f.name for f in fields(PartitionState)))
 
 
 class ProgressLedger:

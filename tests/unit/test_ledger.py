@@ -12,7 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kwatermark.errors import OptionError
-from kwatermark.ledger import ProgressLedger, ProgressRecord, record_content, record_key
+from kwatermark.ledger import (
+    ProgressLedger,
+    ProgressRecord,
+    pack_key,
+    record_content,
+    record_key,
+)
 from kwatermark.offsets import PartitionState, RangeTask
 from kwatermark.watermarks import NO_PARTITIONS, UNDEFINED
 
@@ -253,6 +259,29 @@ def test_a_pack_is_one_file_holding_each_range_record_in_order(tmp_path):
     assert ledger.lookup_pack(PACK, {**FINGERPRINT, "bound": 5}) is None
     # A range's own record is not the pack's.
     assert ledger.lookup(PACK[0], FINGERPRINT) is None
+
+
+# A value unlike PACK's for each field of a range and of its state.
+OTHER_VALUES = {"topic": "events2", "partition": 1, "start": 11, "end": 19, "counted": False,
+                "previous_ms": 898, "others_ms": 701, "floor_ms": 3,
+                "generator": {"max_ts": 901}, "max_event_ms": 950, "advanced_ms": 7,
+                "last_read_ms": 6, "idle": "exclude", "held": True}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_VALUES))
+def test_a_pack_key_changes_with_every_input_of_any_of_its_ranges(name):
+    """A pack file is found only for the very ranges, states and configuration it was
+    written for: a field left out of the key would apply a record to the wrong range."""
+    assert {f.name for f in fields(RangeTask) if f.name != "state"} | \
+        {f.name for f in fields(PartitionState)} == set(OTHER_VALUES)
+    changed = PACK[1]
+    if name in {f.name for f in fields(PartitionState)}:
+        changed = replace(changed, state=replace(changed.state, **{name: OTHER_VALUES[name]}))
+    else:
+        changed = replace(changed, **{name: OTHER_VALUES[name]})
+    assert pack_key(PACK, FINGERPRINT) != pack_key((PACK[0], changed) + PACK[2:], FINGERPRINT)
+    assert pack_key(PACK, FINGERPRINT) == pack_key(tuple(replace(t) for t in PACK),
+                                                   dict(FINGERPRINT))
 
 
 def test_a_pack_of_one_range_is_that_range_record(tmp_path):
