@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from kwatermark.errors import KWatermarkError
 
@@ -55,6 +55,16 @@ class PartitionState:
             data["held"] = True   # written only when true: older offsets have no such key
         return data
 
+    def updated(self, **changes: object) -> PartitionState:
+        """``dataclasses.replace(self, **changes)`` at a third of its cost: the planner makes
+        two per partition and batch (8,192 at 4,096 partitions)."""
+        unknown = changes.keys() - _STATE_NAMES
+        if unknown:
+            raise TypeError(f"PartitionState has no field {min(unknown)!r}")
+        state = object.__new__(PartitionState)
+        state.__dict__.update(self.__dict__, **changes)   # frozen: the dict is the way in
+        return state
+
     @classmethod
     def from_json(cls, where: str, data: object) -> PartitionState:
         if not isinstance(data, dict):
@@ -74,6 +84,9 @@ class PartitionState:
             idle=idle,
             held=held,
         )
+
+
+_STATE_NAMES = frozenset(f.name for f in fields(PartitionState))
 
 
 @dataclass(frozen=True)

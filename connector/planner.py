@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from kwatermark import idle
@@ -72,32 +72,36 @@ def _utc(ms: int) -> str:
         timespec="milliseconds").replace("+00:00", "Z")
 
 
-def observe_lags(start: BatchOffset, partitions: dict[TopicPartition, PartitionRange],
+def observe_lags(start: BatchOffset, begins: dict[TopicPartition, int],
+                 ends: dict[TopicPartition, int], states: dict[TopicPartition, PartitionState],
                  marks: dict[TopicPartition, int], latest: dict[TopicPartition, int], now: int
                  ) -> dict[TopicPartition, PartitionRange]:
-    """Each partition's event-time and processing lag as the driver sees them at ``now``
-    (DESIGN §13), from the batch before (``start``) and the broker's end offsets.
+    """The next batch's ranges (``begins`` to ``ends``, from ``states``), each with the
+    partition's event-time and processing lag as the driver sees them at ``now`` (DESIGN
+    §13), from the batch before (``start``) and the broker's end offsets.
 
     The processing-time watermark moves to the planning time of the previous batch when that
     batch planned everything the partition had then (it has run since: every record appended
     before it was planned has been read), and to ``now`` when nothing is unread now.
     """
     observed = {}
-    for tp, r in partitions.items():
-        before = start.partitions.get(tp)
+    before_all = start.partitions
+    for tp, state in states.items():
+        begin = begins[tp]
+        before = before_all.get(tp)
         candidates = []
         if before is not None and before.lag is not None:
             candidates.append(before.lag.processing_wm_ms)
             if (start.planned_ms is not None and before.lag.unread is not None
                     and before.end - before.start == before.lag.unread):
                 candidates.append(start.planned_ms)
-        unread = max(0, latest.get(tp, r.start) - r.start)
+        unread = max(0, latest.get(tp, begin) - begin)
         if unread == 0:
             candidates.append(now)
         known = [c for c in candidates if c is not None]
         processing_wm = max(known) if known else None
         watermark = to_optional(marks[tp])
-        observed[tp] = PartitionRange(r.start, r.end, r.state, PartitionLag(
+        observed[tp] = PartitionRange(begin, ends[tp], state, PartitionLag(
             watermark, processing_wm, None if watermark is None else now - watermark,
             None if processing_wm is None else now - processing_wm, unread))
     return observed
@@ -295,6 +299,9 @@ class BatchPlanner:
     def latest_offset(self, start: BatchOffset, limits: ReadLimits) -> BatchOffset | None:
         """The next batch's end offset, or None when there is nothing new to read."""
         self._marks = {}
+        # The end offsets of the partitions read so far, asked on a thread of their own
+        # while the last batch is folded: the brokers' answer comes during Python's work.
+        ahead = self.metadata.latest_ahead(list(start.partitions))
         states, emitted_max = self.fold(start)
         previous = max(from_optional(start.watermark), emitted_max)
         # A (re)started query's topics must exist, as when it first started, except those
@@ -303,7 +310,8 @@ class BatchPlanner:
                                 read_before={t for t, _ in start.partitions})
         self._checked = True
         begins = self._begins(start, current, previous)
-        latest = self._monotone(self.metadata.latest_offsets(list(begins)), begins)
+        latest = self._monotone(self.metadata.latest_offsets(list(begins), ahead),
+                                begins)
         for tp, begin in list(begins.items()):
             if latest[tp] < begin:
                 self._loss(tp, f"its end offset went back from {begin} to {latest[tp]} "
@@ -321,7 +329,7 @@ class BatchPlanner:
             return None
         if available and self._held_back(limits, available, now):
             return None
-        partitions = {}
+        planned: dict[TopicPartition, PartitionState] = {}
         for tp in sorted(ends):
             base = states.get(tp) or PartitionState(last_read_ms=now)
             if available:
@@ -333,14 +341,13 @@ class BatchPlanner:
             read = ends[tp] > begins[tp] or tp in held
             last_read = now if read else base.last_read_ms
             if base.last_read_ms != last_read or base.held != (tp in held):
-                base = replace(base, last_read_ms=last_read, held=tp in held)
-            state = self._decide(tp, base, unread=latest[tp] - begins[tp], now=now)
-            partitions[tp] = PartitionRange(begins[tp], ends[tp], state)
-        marks = {tp: self.partition_watermark(r.state) for tp, r in partitions.items()}
-        counted = {tp: marks[tp] for tp, r in partitions.items() if r.state.idle != idle.EXCLUDE}
+                base = base.updated(last_read_ms=last_read, held=tp in held)
+            planned[tp] = self._decide(tp, base, unread=latest[tp] - begins[tp], now=now)
+        marks = {tp: self.partition_watermark(state) for tp, state in planned.items()}
+        counted = {tp: marks[tp] for tp, state in planned.items() if state.idle != idle.EXCLUDE}
         percentile = self.options.watermark.percentile
         watermark = emitted(previous, combined_watermark(list(counted.values()), percentile))
-        partitions = observe_lags(start, partitions, marks, latest, now)
+        partitions = observe_lags(start, begins, ends, planned, marks, latest, now)
         holds = holder(counted, percentile)
         if available == 0:
             # Nothing to read, but the watermark the last batch's rows carried is behind what
@@ -430,7 +437,7 @@ class BatchPlanner:
         generator = restore_generator(self.options.watermark, state.generator)
         if not plan_generator(generator, now):
             return state
-        return replace(state, generator=generator.snapshot())
+        return state.updated(generator=generator.snapshot())
 
     def _begins(self, start: BatchOffset, current: list[TopicPartition], previous: int
                 ) -> dict[TopicPartition, int]:
@@ -529,7 +536,7 @@ class BatchPlanner:
     def _decide(self, tp: TopicPartition, state: PartitionState, unread: int, now: int
                 ) -> PartitionState:
         if isinstance(self.policy, idle.NeverIdle):   # nothing to ask, per partition
-            return state if state.idle == idle.COUNT else replace(state, idle=idle.COUNT)
+            return state if state.idle == idle.COUNT else state.updated(idle=idle.COUNT)
         view = idle.PartitionView(
             topic=tp[0], partition=tp[1],
             watermark_ms=to_optional(self.partition_watermark(state)),
@@ -538,8 +545,8 @@ class BatchPlanner:
         decision = idle.decide(self.policy, view, now)
         if isinstance(decision, int):
             advanced = max(decision, from_optional(state.advanced_ms))
-            return replace(state, idle=idle.ADVANCE, advanced_ms=advanced)
-        return replace(state, idle=decision)
+            return state.updated(idle=idle.ADVANCE, advanced_ms=advanced)
+        return state.updated(idle=decision)
 
     def _loss(self, tp: TopicPartition, detail: str) -> None:
         message = (f"topic {tp[0]}, partition {tp[1]}: {detail}. Set failOnDataLoss=false to "
@@ -645,21 +652,27 @@ class BatchPlanner:
             if not done:
                 states[tp] = r.state
                 continue
-            firsts = [d.min_event_ms for d in done if d.min_event_ms is not None]
-            if firsts:
-                lowest[tp] = min(firsts)
-            if len(done) == 1:
-                snapshot = done[0].generator
+            if len(done) == 1:   # the common case, thousands of times per batch
+                only = done[0]
+                snapshot, first = only.generator, only.min_event_ms
+                last, row_mark = only.max_event_ms, only.max_row_watermark
             else:
                 generator = restore_generator(self.options.watermark, r.state.generator)
                 for record in done:
                     generator.merge(record.generator)
                 snapshot = generator.snapshot()
-            events = [e for e in [r.state.max_event_ms] + [d.max_event_ms for d in done]
-                      if e is not None]
-            states[tp] = replace(r.state, generator=snapshot,
-                                 max_event_ms=max(events) if events else None)
-            highest = max([highest] + [from_optional(d.max_row_watermark) for d in done])
+                first = min((d.min_event_ms for d in done if d.min_event_ms is not None),
+                            default=None)
+                last = max((d.max_event_ms for d in done if d.max_event_ms is not None),
+                           default=None)
+                row_mark = max(from_optional(d.max_row_watermark) for d in done)
+            if first is not None:
+                lowest[tp] = first
+            before = r.state.max_event_ms
+            if last is None or (before is not None and before > last):
+                last = before
+            states[tp] = r.state.updated(generator=snapshot, max_event_ms=last)
+            highest = max(highest, from_optional(row_mark))
         if offset.heartbeat:
             highest = from_optional(offset.watermark)
         self._folded = (offset, states, highest, lowest)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -592,3 +593,16 @@ def test_a_damaged_layout_2_offset_raises_only_offset_format_error(offset, name,
         assert str(exc).startswith("offset")
     else:
         assert BatchOffset.from_json(parsed.dumps()) == parsed
+
+
+def test_updating_a_partition_state_is_dataclasses_replace():
+    state = PartitionState(generator={"max_ts": 5}, max_event_ms=5, advanced_ms=1,
+                           last_read_ms=9, idle="advance", held=True)
+    for changes in ({}, {"generator": {"max_ts": 6}, "max_event_ms": 6},
+                    {"last_read_ms": 10, "held": False}, {"idle": "count"}):
+        updated = state.updated(**changes)
+        assert updated == replace(state, **changes) and updated is not state
+    assert state == PartitionState(generator={"max_ts": 5}, max_event_ms=5, advanced_ms=1,
+                                   last_read_ms=9, idle="advance", held=True)
+    with pytest.raises(TypeError, match="max_event"):
+        state.updated(max_event=3)

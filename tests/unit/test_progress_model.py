@@ -44,7 +44,10 @@ class FakeBroker:
     def coverage(self, subscription) -> tuple[list[TopicPartition], list[str]]:
         return self.assigned_partitions(subscription), []
 
-    def latest_offsets(self, tps) -> dict[TopicPartition, int]:
+    def latest_ahead(self, tps) -> None:
+        return None   # nothing asked ahead: latest_offsets answers
+
+    def latest_offsets(self, tps, ahead=None) -> dict[TopicPartition, int]:
         return {tp: self.ends[tp] for tp in tps}
 
     def earliest_offsets(self, tps) -> dict[TopicPartition, int]:
