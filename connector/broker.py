@@ -52,6 +52,37 @@ class Progress(Exception):
 T = TypeVar("T")
 
 
+class Ahead:
+    """Answers ``KafkaMetadata.ask_ahead`` is getting on its threads: each taken once, by
+    the call it stands in for; a failed one is asked again there."""
+
+    def __init__(self, topics: concurrent.futures.Future, ends: concurrent.futures.Future):
+        self.topics = topics
+        self.ends = ends
+
+    @staticmethod
+    def taken(answer: concurrent.futures.Future) -> dict | None:
+        try:
+            return answer.result()
+        except KafkaException as exc:
+            log.debug("asked ahead: %s; asking again", exc)
+            return None
+
+
+def _in_background(call: Callable[[], T]) -> concurrent.futures.Future:
+    """``call()`` on a daemon thread (not joined at exit: one attempt of a request, bounded
+    by its own timeout)."""
+    answer: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            answer.set_result(call())
+        except Exception as exc:  # noqa: BLE001 - raised where the answer is taken
+            answer.set_exception(exc)
+    threading.Thread(target=run, name="kwatermark-ahead", daemon=True).start()
+    return answer
+
+
 class KafkaMetadata:
     """One AdminClient per driver process, created on first use (the reader is pickled)."""
 
@@ -64,7 +95,7 @@ class KafkaMetadata:
         self._reached = False  # a broker answered once since this process started the query
         self._consumer: Consumer | None = None   # for _quick
         self._quick_after = 0.0   # monotonic time before which _quick is not tried
-        self._quick_lock = threading.Lock()   # _quick runs on latest_ahead's thread too
+        self._quick_lock = threading.Lock()   # _quick runs on ask_ahead's thread too
 
     def __getstate__(self) -> dict:
         return {"options": self.options, "_admin": None, "_connection_errors": {},
@@ -204,13 +235,18 @@ class KafkaMetadata:
         return (f"within {self.budget_ms / 1000:g} s, as no broker has answered since the "
                 f"query started: is the address right?")
 
-    def topics(self) -> dict[str, int]:
-        """Topic -> partition count, for every topic the brokers know."""
-        def fetch(timeout: float):
-            metadata = self.admin.list_topics(timeout=timeout)
-            return {name: len(t.partitions) for name, t in metadata.topics.items()
-                    if t.error is None}
-        return self._retrying("listing topics", fetch)
+    def topics(self, ahead: Ahead | None = None) -> dict[str, int]:
+        """Topic -> partition count, for every topic the brokers know (``ahead``: as
+        ``ask_ahead`` found them, a few ms ago)."""
+        answered = ahead.taken(ahead.topics) if ahead is not None else None
+        if answered is not None:
+            return answered
+        return self._retrying("listing topics", self._topic_counts)
+
+    def _topic_counts(self, timeout: float) -> dict[str, int]:
+        metadata = self.admin.list_topics(timeout=timeout)
+        return {name: len(t.partitions) for name, t in metadata.topics.items()
+                if t.error is None}
 
     def assigned_partitions(self, subscription: Subscription) -> list[TopicPartition]:
         """The partitions the subscription covers right now (Spark's semantics: a topic or
@@ -218,13 +254,13 @@ class KafkaMetadata:
         a name, internal topics never match)."""
         return self.coverage(subscription)[0]
 
-    def coverage(self, subscription: Subscription
+    def coverage(self, subscription: Subscription, ahead: Ahead | None = None
                  ) -> tuple[list[TopicPartition], list[tuple[str, int | None]]]:
         """The partitions the subscription covers right now, and what it names that the
         brokers do not have: ``(topic, None)`` for a ``subscribe``/``assign`` topic that does
         not exist, ``(topic, p)`` for an assigned partition past the topic's count. Topics
         follow Spark's consumer strategies (``Subscription.selects`` for a pattern)."""
-        topics = self.topics()
+        topics = self.topics(ahead)
         named = (subscription.topics if subscription.kind == "subscribe"
                  else [t for t, _ in subscription.assigned])
         self._refuse_unauthorized(sorted({t for t in named if t not in topics}))
@@ -403,36 +439,27 @@ class KafkaMetadata:
                     return
                 checked = time.monotonic()
 
-    def latest_ahead(self, tps: list[TopicPartition]
-                     ) -> concurrent.futures.Future | None:
-        """Start asking the partitions' end offsets on a thread of its own, for
-        ``latest_offsets`` to take (``ahead``): the planner asks for the partitions it
-        already reads before folding the last batch, so the brokers' answer (~40 ms at 4,096
-        partitions, in librdkafka, without the GIL) comes while Python folds. One quick
-        attempt only (``_quick``: at most QUICK_TIMEOUT_S, no retry): what it does not
-        answer is asked as before. None when the quick path would not be tried."""
+    def ask_ahead(self, tps: list[TopicPartition]) -> Ahead | None:
+        """Start asking what the next planning asks the brokers first, each on a thread of
+        its own: every topic's partition count (``topics``) and the end offsets of ``tps``,
+        the partitions already read (``latest_offsets``). The planner asks before folding
+        the last batch, so the answers (~10 and ~40 ms at 4,096 partitions, in librdkafka,
+        without the GIL) come while Python folds. One attempt each, the end offsets through
+        the quick path only (at most QUICK_TIMEOUT_S): what fails or is not answered is
+        asked again as before, with retries. None below QUICK_FROM partitions, or before a
+        broker has answered (a wrong address is named by the usual path)."""
         if not self._quick_ready(tps):
             return None
-        ahead: concurrent.futures.Future = concurrent.futures.Future()
+        return Ahead(_in_background(lambda: self._topic_counts(self.timeout_s)),
+                     _in_background(lambda: self._quick(tps, OFFSET_END)))
 
-        def ask() -> None:
-            try:
-                ahead.set_result(self._quick(tps, OFFSET_END))
-            except Exception as exc:  # noqa: BLE001 - raised where latest_offsets takes it
-                ahead.set_exception(exc)
-        threading.Thread(target=ask, name="kwatermark-end-offsets", daemon=True).start()
-        return ahead
-
-    def latest_offsets(self, tps: Iterable[TopicPartition],
-                       ahead: concurrent.futures.Future | None = None
+    def latest_offsets(self, tps: Iterable[TopicPartition], ahead: Ahead | None = None
                        ) -> dict[TopicPartition, int]:
         """End offsets of all partitions in one batched ListOffsets request per leader
-        (``ahead``: ``latest_ahead``'s answers for some of them, a few ms older)."""
+        (``ahead``: ``ask_ahead``'s answers for some of them, a few ms older)."""
         tps = list(tps)
-        found = {}
-        if ahead is not None:
-            answered = ahead.result()
-            found = {tp: answered[tp] for tp in tps if tp in answered}
+        answered = ahead.taken(ahead.ends) if ahead is not None else None
+        found = {tp: answered[tp] for tp in tps if tp in answered} if answered else {}
         found.update(self._quick([tp for tp in tps if tp not in found], OFFSET_END))
         found.update(self._list_offsets("fetching end offsets", {
             tp: OffsetSpec.latest() for tp in tps if tp not in found}))

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 
 from kwatermark import idle
 from kwatermark.arrow import OutputLayout
-from kwatermark.broker import KafkaMetadata
+from kwatermark.broker import Ahead, KafkaMetadata
 from kwatermark.errors import BrokerError, DataLossError, OptionError
 from kwatermark.ledger import ProgressLedger, ProgressRecord
 from kwatermark.offsets import (
@@ -233,8 +233,8 @@ class BatchPlanner:
         latest = self.metadata.latest_offsets(absent) if absent else {}
         return {tp: latest.get(tp, offset) for tp, offset in found.items()}
 
-    def assigned(self, fail_if_missing: bool = False,
-                 read_before: Iterable[str] = ()) -> list[TopicPartition]:
+    def assigned(self, fail_if_missing: bool = False, read_before: Iterable[str] = (),
+                 ahead: Ahead | None = None) -> list[TopicPartition]:
         """The partitions to read. With ``fail_if_missing`` (a batch read; a stream when it
         starts or restarts), a ``subscribe``/``assign`` topic that does not exist is an error,
         as in Spark's Kafka source, unless it is one of ``read_before`` (the checkpoint has
@@ -247,7 +247,8 @@ class BatchPlanner:
         known = set(read_before)
         deadline = time.monotonic() + MISSING_TOPIC_WAIT_S
         while True:
-            tps, missing = self.metadata.coverage(subscription)
+            tps, missing = self.metadata.coverage(subscription, ahead)
+            ahead = None   # asked again: fresh answers
             topics = [t for t, p in missing if p is None]
             never_read = [t for t in topics if t not in known]
             if not (never_read and fail_if_missing) or time.monotonic() >= deadline:
@@ -299,15 +300,15 @@ class BatchPlanner:
     def latest_offset(self, start: BatchOffset, limits: ReadLimits) -> BatchOffset | None:
         """The next batch's end offset, or None when there is nothing new to read."""
         self._marks = {}
-        # The end offsets of the partitions read so far, asked on a thread of their own
-        # while the last batch is folded: the brokers' answer comes during Python's work.
-        ahead = self.metadata.latest_ahead(list(start.partitions))
+        # The topics and the end offsets of the partitions read so far, asked on threads
+        # while the last batch is folded: the brokers answer during Python's work.
+        ahead = self.metadata.ask_ahead(list(start.partitions))
         states, emitted_max = self.fold(start)
         previous = max(from_optional(start.watermark), emitted_max)
         # A (re)started query's topics must exist, as when it first started, except those
         # it has read before: their loss is failOnDataLoss's to judge.
         current = self.assigned(fail_if_missing=not self._checked,
-                                read_before={t for t, _ in start.partitions})
+                                read_before={t for t, _ in start.partitions}, ahead=ahead)
         self._checked = True
         begins = self._begins(start, current, previous)
         latest = self._monotone(self.metadata.latest_offsets(list(begins), ahead),

@@ -11,7 +11,7 @@ LISTED = {"orders-ct": 2, "orders-lat": 1, "orders-ct-x": 1, "other": 3,
 
 
 class Listed(KafkaMetadata):
-    def topics(self) -> dict[str, int]:
+    def topics(self, ahead=None) -> dict[str, int]:
         return dict(LISTED)
 
     def _refuse_unauthorized(self, topics: list[str]) -> None:

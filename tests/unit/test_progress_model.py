@@ -41,10 +41,10 @@ class FakeBroker:
     def assigned_partitions(self, subscription) -> list[TopicPartition]:
         return list(self.tps)
 
-    def coverage(self, subscription) -> tuple[list[TopicPartition], list[str]]:
+    def coverage(self, subscription, ahead=None) -> tuple[list[TopicPartition], list[str]]:
         return self.assigned_partitions(subscription), []
 
-    def latest_ahead(self, tps) -> None:
+    def ask_ahead(self, tps) -> None:
         return None   # nothing asked ahead: latest_offsets answers
 
     def latest_offsets(self, tps, ahead=None) -> dict[TopicPartition, int]:
