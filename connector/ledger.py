@@ -42,7 +42,7 @@ class ProgressRecord:
 
     @classmethod
     def from_json(cls, data: dict) -> ProgressRecord:
-        return cls(**{name: data[name] for name in _RECORD_FIELDS})
+        return cls(*map(data.__getitem__, _RECORD_FIELDS))
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(ProgressRecord))

@@ -153,12 +153,11 @@ def _flat_keys(snapshots: list) -> list[str] | None:
         if not isinstance(snapshot, dict) or not all(
                 isinstance(v, _SCALARS) for v in snapshot.values()):
             return None
-        mine = sorted(snapshot)
         if keys is None:
-            keys = mine
-        elif mine != keys:
+            keys = snapshot.keys()
+        elif snapshot.keys() != keys:   # as sets: one sort at the end, not one per partition
             return None
-    return keys
+    return None if keys is None else sorted(keys)
 
 
 class _Omit:
