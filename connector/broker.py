@@ -444,13 +444,15 @@ class KafkaMetadata:
         its own: every topic's partition count (``topics``) and the end offsets of ``tps``,
         the partitions already read (``latest_offsets``). The planner asks before folding
         the last batch, so the answers (~10 and ~40 ms at 4,096 partitions, in librdkafka,
-        without the GIL) come while Python folds. One attempt each, the end offsets through
-        the quick path only (at most QUICK_TIMEOUT_S): what fails or is not answered is
-        asked again as before, with retries. None below QUICK_FROM partitions, or before a
+        without the GIL) come while Python folds. One short attempt each (the metadata
+        within FIRST_ATTEMPT_S, the end offsets through the quick path, QUICK_TIMEOUT_S), so
+        a cluster that does not answer delays the usual path by a second at most: what fails
+        or is not answered is asked again there, with its retries. None below QUICK_FROM partitions, or before a
         broker has answered (a wrong address is named by the usual path)."""
         if not self._quick_ready(tps):
             return None
-        return Ahead(_in_background(lambda: self._topic_counts(self.timeout_s)),
+        first_attempt = min(self.timeout_s, FIRST_ATTEMPT_S)   # as _retrying's first
+        return Ahead(_in_background(lambda: self._topic_counts(first_attempt)),
                      _in_background(lambda: self._quick(tps, OFFSET_END)))
 
     def latest_offsets(self, tps: Iterable[TopicPartition], ahead: Ahead | None = None
