@@ -666,7 +666,8 @@ class BatchPlanner:
                             default=None)
                 last = max((d.max_event_ms for d in done if d.max_event_ms is not None),
                            default=None)
-                row_mark = max(from_optional(d.max_row_watermark) for d in done)
+                row_mark = max((d.max_row_watermark for d in done
+                                if d.max_row_watermark is not None), default=None)
             if first is not None:
                 lowest[tp] = first
             before = r.state.max_event_ms
