@@ -31,7 +31,7 @@ import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException
 
 from kwatermark import arrow
-from kwatermark.consumer import partition_bounds, task_conf
+from kwatermark.consumer import MAX_CONSUME, partition_bounds, task_conf
 from kwatermark.errors import BrokerError, KWatermarkError, OptionError
 from kwatermark.faults import fault_point
 from kwatermark.options import SourceOptions
@@ -274,7 +274,7 @@ class CompiledReader:
         if not self.options.group_id:
             conf.pop("group.id", None)   # the legacy API needs none; no commits, no group
         client = _clients.take(conf, self.layout.include_headers,
-                               self.options.max_records_per_batch)
+                               self.options.records_per_batch(True))
         try:
             yield from self._read(client, reading)
         except BaseException:   # a failure, or Spark stopping early: a consumer of its own
@@ -310,7 +310,7 @@ class CompiledReader:
             raise BrokerError(f"topic {first.reader.task.topic}, partition "
                               f"{first.reader.task.partition}, offset {first.c.position}: "
                               f"{ffi.string(err).decode(errors='replace')}")
-        size = self.options.max_records_per_batch
+        size = self.options.records_per_batch(True)
         stall = Stall(self.options.poll_timeout_ms / 1000.0, time.monotonic())
         ready: list = []
         ready_rows = 0
@@ -321,7 +321,7 @@ class CompiledReader:
             first_lane.setdefault(lane.reader.task.tp, lane.index)
         while open_lanes:
             remaining = sum(lane.c.end - lane.c.position for lane in open_lanes)
-            asked = max(1, min(size, remaining))
+            asked = max(1, min(MAX_CONSUME, size, remaining))
             wait_ms = int(stall.wait_s(time.monotonic()) * 1000)
             status = lib.kw_poll(handle, asked, wait_ms)
             got = lib.kw_got(handle)

@@ -14,7 +14,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from kwatermark import arrow
 from kwatermark.compiled import CompiledReader, use_compiled
-from kwatermark.consumer import open_consumer, partition_bounds
+from kwatermark.consumer import MAX_CONSUME, open_consumer, partition_bounds
 from kwatermark.errors import BrokerError
 from kwatermark.faults import FAULT_ENV, fault_point, trip_fault
 from kwatermark.ledger import ProgressRecord
@@ -120,13 +120,13 @@ class PackReader:
         if not lanes:
             return
         consumer.assign([KafkaTP(t, p, lane[0].position) for (t, p), lane in lanes.items()])
-        size = self.options.max_records_per_batch
+        size = self.options.records_per_batch(False)
         stall = Stall(self.options.poll_timeout_ms / 1000.0, time.monotonic())
         remaining = sum(p.end - p.position for lane in lanes.values() for p in lane)
         while lanes:
             # Ask for no more than the offsets left: consume() waits for as many messages as
             # it is asked for, or its slice.
-            asked = max(1, min(size, remaining))
+            asked = max(1, min(MAX_CONSUME, size, remaining))
             messages = consumer.consume(asked, stall.wait_s(time.monotonic()))
             before = remaining
             for message in messages:
@@ -163,7 +163,7 @@ class PackReader:
         """Turn the lane's head range's records into a block when it is full or done, and
         drop the ranges that are done. Records go to the first range of the lane not done:
         the ranges before it are done, and only it can be full."""
-        size = self.options.max_records_per_batch
+        size = self.options.records_per_batch(False)
         while lane:
             head = lane[0]
             if head.messages and (head.done or len(head.messages) >= size):

@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, KafkaError
 from confluent_kafka import TopicPartition as KafkaTP
 
 from kwatermark import arrow
-from kwatermark.consumer import open_consumer, partition_bounds
+from kwatermark.consumer import MAX_CONSUME, open_consumer, partition_bounds
 from kwatermark.errors import BrokerError, DataLossError, DecodeError
 from kwatermark.faults import fault_point, trip_fault
 from kwatermark.ledger import ProgressRecord
@@ -126,7 +126,7 @@ class RangeReader:
 
     def _blocks(self, consumer: Consumer, start: int, end: int) -> Iterator[RecordBlock]:
         task = self.task
-        size = self.options.max_records_per_batch
+        size = self.options.records_per_batch(False)
         headers = [] if self.layout.include_headers else None
         keys, values, offsets, ts, types = [], [], [], [], []
         position = start
@@ -134,7 +134,7 @@ class RangeReader:
         stall = Stall(self.options.poll_timeout_ms / 1000.0, time.monotonic())
         where = [KafkaTP(task.topic, task.partition)]
         while not done(position, end):
-            asked = min(size - len(offsets), end - position)
+            asked = min(MAX_CONSUME, size - len(offsets), end - position)
             messages = consumer.consume(asked, stall.wait_s(time.monotonic()))
             before = position
             for message in messages:

@@ -83,6 +83,14 @@ def test_kwatermark_defaults_follow_the_design_table():
     assert options.state_location != ""
 
 
+def test_records_per_arrow_batch_default_to_each_engines_own_unless_set():
+    assert parse().records_per_batch(compiled=True) == 50_000
+    assert parse().records_per_batch(compiled=False) == 10_000
+    chosen = parse_options({**BASE, "arrow.maxRecordsPerBatch": "64"})
+    assert chosen.records_per_batch(compiled=True) == 64
+    assert chosen.records_per_batch(compiled=False) == 64
+
+
 def test_every_documented_option_is_accepted_with_its_value():
     options = parse_options({
         "kafka.bootstrap.servers": "a:1,b:2",
