@@ -58,12 +58,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None,
                         help="read as an AvailableNow stream with this maxOffsetsPerTrigger "
                              "(default: a batch read)")
+    parser.add_argument("--batch-records", default="",
+                        help="also read with the compiled engine at these "
+                             "arrow.maxRecordsPerBatch values (comma-separated), as sources "
+                             "compiled-N in the same rounds")
     parser.add_argument("--busy", action="store_true",
                         help="keep a CPU-bound process spinning for the whole measurement "
                              "(another job on the machine's other core)")
     parser.add_argument("--results", default=os.path.join(BENCH_DIR, "results"))
     args = parser.parse_args(argv)
     args.partitions = [int(p) for p in args.partitions.split(",") if p.strip()]
+    args.batch_records = [int(n) for n in args.batch_records.split(",") if n.strip()]
     return args
 
 
@@ -75,10 +80,8 @@ def summarise(runs: list[dict]) -> dict:
         for r in mine:
             rounds.setdefault(r["round"], {})[r["source"]] = r
         entry: dict = {}
-        for source in ("kafka", "compiled", "python"):
+        for source in dict.fromkeys(r["source"] for r in mine):
             measured = [r for r in mine if r["source"] == source]
-            if not measured:
-                continue
             brokers = [r["broker_cpu_us"] for r in measured if r["broker_cpu_us"] is not None]
             entry[source] = {
                 "records_per_s": median([r["records_per_s"] for r in measured]),
@@ -104,14 +107,14 @@ def report(summary: dict, results: dict) -> None:
           f"{results.get('load_avg_before')} before, {results.get('load_avg_after')} after "
           f"(a shared machine: figures move with the load)")
     for label, entry in summary.items():
-        print(f"{label}: {'source':<10}{'records/s':>12}{'client us/rec':>15}"
+        print(f"{label}: {'source':<15}{'records/s':>12}{'client us/rec':>15}"
               f"{'broker us/rec':>15}{'wall x kafka':>14}{'cpu x kafka':>13}  per-round wall")
         for source, e in entry.items():
             broker = "-" if e["broker_cpu_us"] is None else f"{e['broker_cpu_us']:.2f}"
             ratio = f"{e['wall_ratio']:.2f}" if "wall_ratio" in e else "1"
             cpu = f"{e['cpu_ratio']:.2f}" if "cpu_ratio" in e else "1"
             rounds = ", ".join(f"{x:.2f}" for x in e.get("wall_ratio_per_round", []))
-            print(f"     {source:<10}{e['records_per_s']:>12,.0f}{e['client_cpu_us']:>15.2f}"
+            print(f"     {source:<15}{e['records_per_s']:>12,.0f}{e['client_cpu_us']:>15.2f}"
                   f"{broker:>15}{ratio:>14}{cpu:>13}  {rounds}")
 
 
@@ -145,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         request = {"bootstrap": broker.bootstrap_servers, "workspace": workspace,
                    "topics": topics, "rounds": args.rounds, "min_warm": args.min_warm,
                    "max_warm": args.max_warm, "broker_pid": broker.pid,
-                   "max_offsets_per_trigger": args.max_offsets_per_trigger}
+                   "max_offsets_per_trigger": args.max_offsets_per_trigger,
+                   "batch_records": args.batch_records}
         if args.busy:   # not in the measured process tree: a sibling of the child
             spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         python = baseline_python()   # the child measures with psutil (the bench extra)

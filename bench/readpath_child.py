@@ -4,8 +4,9 @@ steady state, then interleaved rounds, in one SparkSession.
 
 Request: bootstrap, workspace, topics (``[{"topic", "partitions", "records"}]``), rounds,
 min_warm, max_warm, broker_pid (None: an external broker, its CPU not measured),
-max_offsets_per_trigger (None: a batch read; else an AvailableNow stream with that limit). Reply: the
-warm-up reads and every round's figures, the load average before and after.
+max_offsets_per_trigger (None: a batch read; else an AvailableNow stream with that limit),
+batch_records (extra compiled-engine sources ``compiled-N`` with ``arrow.maxRecordsPerBatch=N``).
+Reply: the warm-up reads and every round's figures, the load average before and after.
 """
 
 from __future__ import annotations
@@ -48,8 +49,16 @@ def broker_cpu_s(pid: int | None) -> float | None:
     return t.user + t.system
 
 
+def sources(request: dict) -> dict:
+    """SOURCES, and a compiled-engine source per ``batch_records`` entry."""
+    extra = {f"compiled-{n}": ("kwatermark", {"readEngine": "compiled",
+                                              "arrow.maxRecordsPerBatch": str(n)})
+             for n in request.get("batch_records") or []}
+    return {**SOURCES, **extra}
+
+
 def one_read(spark, request: dict, topic: dict, source: str) -> dict:
-    fmt, extra = SOURCES[source]
+    fmt, extra = sources(request)[source]
     options = {"kafka.bootstrap.servers": request["bootstrap"], "subscribe": topic["topic"],
                "startingOffsets": "earliest", **extra}
     if fmt == "kwatermark":
@@ -87,7 +96,7 @@ def main() -> None:
     spark = baseline_session("kwatermark-bench-readpath")
     warmups, runs = [], []
     for topic in request["topics"]:
-        for source in SOURCES:
+        for source in sources(request):
             times: list[float] = []
             while True:
                 got = one_read(spark, request, topic, source)
@@ -100,7 +109,7 @@ def main() -> None:
                 if len(times) >= request["max_warm"]:
                     log(f"{source}: not steady after {len(times)} reads; measuring anyway")
                     break
-    names = list(SOURCES)
+    names = list(sources(request))
     for round_no in range(request["rounds"]):
         for topic in request["topics"]:
             turn = round_no % len(names)   # each round starts with another source
