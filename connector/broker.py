@@ -447,8 +447,9 @@ class KafkaMetadata:
         without the GIL) come while Python folds. One short attempt each (the metadata
         within FIRST_ATTEMPT_S, the end offsets through the quick path, QUICK_TIMEOUT_S), so
         a cluster that does not answer delays the usual path by a second at most: what fails
-        or is not answered is asked again there, with its retries. None below QUICK_FROM partitions, or before a
-        broker has answered (a wrong address is named by the usual path)."""
+        or is not answered is asked again there, with its retries. None below QUICK_FROM
+        partitions, or before a broker has answered (a wrong address is named by the usual
+        path)."""
         if not self._quick_ready(tps):
             return None
         first_attempt = min(self.timeout_s, FIRST_ATTEMPT_S)   # as _retrying's first
