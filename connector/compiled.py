@@ -48,6 +48,11 @@ log = logging.getLogger("kwatermark.compiled")
 # values and header values, whichever comes first: Arrow's binary columns have 32-bit offsets.
 MAX_BLOCK_BYTES = 256 << 20
 ERROR_TEXT = 512
+# A task asks no offsets before it reads (CompiledReader._read). When nothing has come for
+# this long, it asks the earliest and end offsets of its partitions not asked yet: an unknown
+# partition, records gone, or brokers that do not answer then fail as before, with the
+# offsets query's message and retries, not only after kafkaConsumer.pollTimeoutMs.
+BOUNDS_AFTER_S = 1.0
 MAX_PARTITIONS = 1 << 16   # leaders read per topic (a topic has at most some thousands)
 
 try:
@@ -260,6 +265,8 @@ class CompiledReader:
         self.options = options
         self.layout = layout
         self.readers = readers
+        self._client: _Client | None = None
+        self._checked: set[tuple[str, int]] = set()   # partitions whose bounds were asked
 
     def read(self) -> Iterator[list]:
         """Yields lists of ``(block, computed)`` parts, each ready to assemble."""
@@ -283,14 +290,15 @@ class CompiledReader:
         _clients.give_back(client)
 
     def _read(self, client: _Client, reading: list[RangeReader]) -> Iterator[list]:
-        bounds = partition_bounds(client, self.options, [r.task for r in reading])
+        # No offsets asked before reading: a range starts fetching at its planned start, and
+        # a partition's earliest and end offsets are asked only when its answers say records
+        # are missing (_check_bounds). Asked up front, they held every task's first fetch
+        # for a ListOffsets round trip; a 4,096-range task spent 0.2-0.5 s in them.
+        self._client = client
         by_tp: dict[tuple[str, int], list[tuple[RangeReader, int, int]]] = {}
         for reader in reading:
-            start, end = reader._check_range(*bounds[reader.task.tp])
-            if end > start:
-                by_tp.setdefault(reader.task.tp, []).append((reader, start, end))
-        if not by_tp:
-            return
+            by_tp.setdefault(reader.task.tp, []).append(
+                (reader, reader.task.start, reader.task.end))
         handle = client.handle
         added: list[tuple[int, RangeReader]] = []
         for (topic, partition), ranges in by_tp.items():
@@ -340,6 +348,11 @@ class CompiledReader:
                     block = lane.take(handle, self.layout.include_headers)
                     ready.append((block, lane.reader._compute(block)))
                     ready_rows += len(block)
+            if time.monotonic() - stall.last >= BOUNDS_AFTER_S:
+                unchecked = [lane for lane in open_lanes if not done(lane.c.position, lane.c.end)
+                             and lane.reader.task.tp not in self._checked]
+                if unchecked:   # a partition gone, its records gone, or every broker down?
+                    self._check_bounds(handle, unchecked)
             still = [lane for lane in open_lanes if not done(lane.c.position, lane.c.end)]
             for tp in {(lane.reader.task.tp) for lane in open_lanes} - {
                     lane.reader.task.tp for lane in still}:
@@ -373,21 +386,59 @@ class CompiledReader:
             raise BrokerError(f"topic {task.topic}, partition {task.partition}, offset "
                               f"{first.c.position}: {text}"
                               f"{refusal_hint(KafkaError(code, text), self.options)}")
+        if code != KafkaError._PARTITION_EOF:
+            self._out_of_range(handle, lanes, first, text)
+            return
+        if offset < first.c.end and task.tp not in self._checked:
+            # A partition that ends before its range: records lost, or a wait (below)?
+            self._check_bounds(handle, self._open(lanes, first))
+        for lane in self._open(lanes, first):
+            # Every record before the log's end has been delivered: past `end`, the range's
+            # last offsets were gaps (compaction, transaction markers). Before it: a new
+            # leader catching up, a wait (RangeReader._on_error, _expired).
+            lane.reader.ended_at = offset
+            lane.c.position = (advance(lane.c.position, offset, lane.c.end)
+                               if offset < lane.c.end else lane.c.end)
+
+    @staticmethod
+    def _open(lanes: list[_Lane], first: _Lane) -> list[_Lane]:
+        """The ranges of ``first``'s partition not done, from ``first`` on."""
+        return [lane for lane in lanes if lane.reader.task.tp == first.reader.task.tp
+                and lane.index >= first.index and not done(lane.c.position, lane.c.end)]
+
+    def _check_bounds(self, handle, lanes: list[_Lane]) -> None:
+        """Ask the earliest and end offsets of the partitions of ``lanes`` (open ranges) and
+        cut the ranges to them (``RangeReader._check_range``: data loss, or a warning and
+        the rest read under ``failOnDataLoss=false``); a partition whose first open range
+        now starts elsewhere is fetched again from there."""
+        tasks = {lane.reader.task.tp: lane.reader.task for lane in lanes}
+        self._checked.update(tasks)
+        bounds = partition_bounds(self._client, self.options, list(tasks.values()))
+        before = _first_open(lanes)
         for lane in lanes:
-            if lane.reader.task.tp != task.tp or lane.index < first.index or \
-                    done(lane.c.position, lane.c.end):
-                continue
-            if code == KafkaError._PARTITION_EOF:
-                # Every record before the log's end has been delivered: past `end`, the
-                # range's last offsets were gaps (compaction, transaction markers). Before
-                # it: a new leader catching up, a wait (RangeReader._on_error, _expired).
-                lane.reader.ended_at = offset
-                if offset < lane.c.end:
-                    lane.c.position = advance(lane.c.position, offset, lane.c.end)
-                    continue
-            else:
+            if not done(lane.c.position, lane.c.end):
+                start, end = lane.reader._check_range(*bounds[lane.reader.task.tp],
+                                                      lane.c.position, lane.c.end)
+                lane.c.end = end
+                lane.c.position = min(start, end)
+        for tp, lane in _first_open(lanes).items():
+            if lane.c.position != before[tp].c.position and \
+                    lib.kw_restart_lane(handle, lane.index, lane.c.position):
+                raise BrokerError(f"topic {tp[0]}, partition {tp[1]}, offset "
+                                  f"{lane.c.position}: cannot fetch it again")
+
+    def _out_of_range(self, handle, lanes: list[_Lane], first: _Lane, text: str) -> None:
+        """The broker no longer holds ``first``'s position, and librdkafka stops fetching
+        the partition: records lost to retention or a recreated topic, which the partition's
+        bounds tell (``_check_bounds``). A position the bounds still hold is reported as it
+        came, and the partition's ranges end."""
+        position = first.c.position
+        self._check_bounds(handle, self._open(lanes, first))
+        still = self._open(lanes, first)
+        if still and still[0].c.position == position:
+            for lane in still:
                 lane.reader._data_loss(f"offset {lane.c.position} is out of range: {text}")
-            lane.c.position = lane.c.end
+                lane.c.position = lane.c.end
 
     def _skip_gaps(self, handle, open_lanes: list[_Lane]) -> None:
         """After a short call: every open range to its partition's position, past markers
@@ -413,6 +464,15 @@ class CompiledReader:
         for lane in open_lanes:
             if lane.fault is not None and lane.c.position > lane.fault:
                 trip_pack_fault(self.readers, lane.reader.task)
+
+def _first_open(lanes: list[_Lane]) -> dict[tuple[str, int], _Lane]:
+    """Each partition's first range not done (lanes of a partition are in offset order)."""
+    first: dict[tuple[str, int], _Lane] = {}
+    for lane in lanes:
+        if not done(lane.c.position, lane.c.end):
+            first.setdefault(lane.reader.task.tp, lane)
+    return first
+
 
 class _Lane:
     """One range being read: its reader and the extension's lane (``kw_lane``)."""

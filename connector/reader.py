@@ -101,12 +101,14 @@ class RangeReader:
             consumer.close()
         self.progress = self._progress()
 
-    def _check_range(self, low: int, high: int) -> tuple[int, int]:
-        """The part of the range still in the partition, whose offsets are now
-        ``[low, high)``: records planned earlier may be gone (retention, a deleted or
-        recreated topic)."""
+    def _check_range(self, low: int, high: int, start: int | None = None,
+                     end: int | None = None) -> tuple[int, int]:
+        """The part of the range (by default the task's, else ``[start, end)``, what is left
+        of it) still in the partition, whose offsets are now ``[low, high)``: records
+        planned earlier may be gone (retention, a deleted or recreated topic)."""
         task = self.task
-        start, end = task.start, task.end
+        start = task.start if start is None else start
+        end = task.end if end is None else end
         if low > start:
             self._data_loss(f"offsets [{start}, {min(low, end)}) are no longer available "
                             f"(earliest is {low}; retention or deletion)")

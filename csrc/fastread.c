@@ -553,6 +553,23 @@ void kw_stop_lane(kw_reader *r, int lane) {
     }
 }
 
+/* Fetch a partition again from `offset`: after an out-of-range answer (librdkafka then stops
+ * fetching it) the range goes on from where its records still are. */
+int kw_restart_lane(kw_reader *r, int lane, int64_t offset) {
+    while (lane > 0 && same_partition(&r->lanes[lane - 1], &r->lanes[lane]))
+        lane--; /* the partition's first lane keeps the flag */
+    kw_lane *l = &r->lanes[lane];
+    if (r->started && !l->stopped)
+        rk.consume_stop(r->topics[l->topic], l->partition);
+    l->stopped = 0;
+    if (rk.consume_start_queue(r->topics[l->topic], l->partition, offset, r->queue) == -1) {
+        int e = rk.last_error();
+        l->stopped = 1;
+        return e ? e : -1;
+    }
+    return 0;
+}
+
 static void col_reset(kw_col *c) { memset(c, 0, sizeof(*c)); }
 
 /* Hand the lane's buffers over to the caller (who frees them with kw_free), and start

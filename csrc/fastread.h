@@ -79,6 +79,8 @@ const char *kw_err_name(int err);
 const char *kw_err_text(int err);
 int kw_position(kw_reader *r, int lane, int64_t *position);
 void kw_stop_lane(kw_reader *r, int lane);
+/* Fetch the lane's partition again from `offset` (stopped or not); 0, else an error code. */
+int kw_restart_lane(kw_reader *r, int lane, int64_t offset);
 void kw_take(kw_reader *r, int lane, kw_lane *out);
 void kw_free(void *p);
 /* Ready the reader for another task's ranges: every partition stopped, every lane and

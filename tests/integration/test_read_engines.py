@@ -19,11 +19,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer
+from confluent_kafka import TopicPartition as KafkaTP
 
 from kwatermark import compiled
 from kwatermark.arrow import OutputLayout
 from kwatermark.consumer import task_conf
-from kwatermark.errors import BrokerError, KWatermarkError, OptionError
+from kwatermark.errors import BrokerError, DataLossError, KWatermarkError, OptionError
 from kwatermark.offsets import PartitionState, RangeTask
 from kwatermark.options import parse_options
 from kwatermark.pack import PackReader
@@ -267,6 +268,48 @@ def test_a_worker_keeps_its_consumer_between_tasks_and_nothing_of_the_last_task(
     while client.handle != compiled.ffi.NULL and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not idle.kept and client.handle == compiled.ffi.NULL, "an idle consumer stays open"
+
+
+@pytest.mark.parametrize("engine", ["python"] + (
+    ["compiled"] if compiled.unavailable() is None else []))
+def test_records_gone_before_a_task_reads_them_are_data_loss_on_both_engines(broker, engine):
+    """Records planned and then deleted before the task reads them (retention, here
+    ``delete_records``), and a range that ends past its partition's end (a topic recreated
+    with fewer records): with ``failOnDataLoss=true`` the task fails naming the topic, the
+    partition and the lost offsets; with false it warns and reads every record still there,
+    sub-ranges of one partition included. The compiled engine asks a partition's offsets
+    only once its answers say records are missing (out of range, or its end before the
+    range's), not before every task."""
+    if broker.kind == "tansu":
+        pytest.skip("the Tansu test broker does not delete records (DeleteRecords)")
+    topic = broker.create_topic(2)
+    writer = TopicWriter(broker, topic)
+    writer.send([Record(p, 1_000 + i, value=f"{p}-{i}".encode())
+                 for i in range(20) for p in range(2)])
+    admin = broker.admin()
+    for future in admin.delete_records([KafkaTP(topic, 0, 8)]).values():
+        assert future.result(30).low_watermark == 8
+
+    def pack(fail: bool, *spans) -> PackReader:
+        options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
+                                 "subscribe": topic, "readEngine": engine,
+                                 "failOnDataLoss": str(fail).lower()})
+        tasks = [RangeTask(topic, p, a, b, PartitionState(), True, None, NO_PARTITIONS)
+                 for p, a, b in spans]
+        return PackReader(options, OutputLayout(), Decoders(), tasks)
+
+    with pytest.raises(DataLossError, match=rf"topic {topic}, partition 0: offsets \[2, 8\) "
+                                            rf"are no longer available \(earliest is 8;"):
+        list(pack(True, (0, 2, 15)))
+    with pytest.raises(DataLossError, match=rf"topic {topic}, partition 1: offsets \[20, 25\) "
+                                            rf"were planned but the partition now ends at 20"):
+        list(pack(True, (1, 5, 25)))
+    spans = [(0, 0, 5), (0, 5, 12), (0, 12, 15), (1, 5, 25)]
+    table = pa.Table.from_batches(list(pack(False, *spans)), schema=OutputLayout().schema())
+    got = sorted(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(),
+                     table.column("value").to_pylist()))
+    kept = {0: range(8, 15), 1: range(5, 20)}   # what delete_records and the log's end left
+    assert got == [(p, i, f"{p}-{i}".encode()) for p in (0, 1) for i in kept[p]]
 
 
 def test_a_task_whose_brokers_are_all_down_fails_once_poll_timeout_passes_on_both_engines():
