@@ -295,15 +295,15 @@ class CompiledReader:
         # are missing (_check_bounds). Asked up front, they held every task's first fetch
         # for a ListOffsets round trip; a 4,096-range task spent 0.2-0.5 s in them.
         self._client = client
-        by_tp: dict[tuple[str, int], list[tuple[RangeReader, int, int]]] = {}
-        for reader in reading:
-            by_tp.setdefault(reader.task.tp, []).append(
-                (reader, reader.task.start, reader.task.end))
+        by_tp: dict[tuple[str, int], list[RangeReader]] = {}
+        for reader in reading:   # a partition's lanes side by side (kw_start, lane_of)
+            by_tp.setdefault(reader.task.tp, []).append(reader)
         handle = client.handle
         added: list[tuple[int, RangeReader]] = []
-        for (topic, partition), ranges in by_tp.items():
-            for reader, start, end in ranges:
-                index = lib.kw_add_lane(handle, topic.encode(), partition, start, end)
+        for (topic, partition), readers in by_tp.items():
+            for reader in readers:
+                index = lib.kw_add_lane(handle, topic.encode(), partition, reader.task.start,
+                                        reader.task.end)
                 if index < 0:
                     raise KWatermarkError(f"topic {topic}: the compiled reader cannot open it")
                 added.append((index, reader))
