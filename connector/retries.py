@@ -14,6 +14,8 @@ broker answered and said no, and asking again gets the same answer
 >>> from confluent_kafka import KafkaError
 >>> transient(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
 True
+>>> transient(KafkaError(KafkaError._DESTROY_BROKER))
+True
 >>> transient(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
 False
 >>> [round(b.next_s(), 1) for b in [Backoff()] for _ in range(6)]
@@ -39,6 +41,10 @@ _TRANSIENT_NAMES = (
     "UNKNOWN_TOPIC_ID", "FETCH_SESSION_ID_NOT_FOUND", "INVALID_FETCH_SESSION_EPOCH",
     "_TRANSPORT", "_TIMED_OUT", "_TIMED_OUT_QUEUE", "_ALL_BROKERS_DOWN", "_WAIT_COORD",
     "_RETRY", "_UNKNOWN_PARTITION", "_UNKNOWN_BROKER", "_RESOLVE",
+    # librdkafka dropped the connection a request was waiting on because the broker left
+    # the cluster's metadata (a node shutting down; the bootstrap address once the real
+    # brokers are known): the next attempt goes to a broker that is there.
+    "_DESTROY_BROKER",
 )
 TRANSIENT_CODES = frozenset(getattr(KafkaError, name) for name in _TRANSIENT_NAMES
                             if hasattr(KafkaError, name))

@@ -27,10 +27,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import NewTopic
 
 from kwatermark.kafkabroker import KafkaCluster, runtime_classpath
+from kwatermark.retries import transient
 from tests.support.streams import epoch_ms
 from tests.support.transactions import plain_read
 
@@ -44,9 +45,21 @@ def create_topic(cluster: KafkaCluster, partitions: int = PARTITIONS) -> str:
     topic = f"fo-{uuid.uuid4().hex[:10]}"
     admin = cluster.admin()
     replicas = min(3, len(cluster.nodes))
-    admin.create_topics([NewTopic(topic, partitions, replicas,
-                                  config={"min.insync.replicas": str(min(2, replicas))})]
-                        )[topic].result(60)
+    new = NewTopic(topic, partitions, replicas,
+                   config={"min.insync.replicas": str(min(2, replicas))})
+    for attempt in range(1, 6):
+        try:
+            admin.create_topics([new])[topic].result(60)
+            break
+        except KafkaException as exc:
+            # A cluster just started: the request went to the bootstrap address, which
+            # librdkafka drops (_DESTROY_BROKER) once it knows the nodes themselves.
+            error = exc.args[0]
+            if attempt > 1 and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                break
+            if attempt == 5 or not transient(error):
+                raise
+            time.sleep(1)
     return topic
 
 
