@@ -20,12 +20,14 @@ from tests.support.kafka import (
 # Collected timestamps are naive datetimes in the local zone: make that UTC.
 os.environ["TZ"] = "UTC"
 time.tzset()
-# Spark's Python workers must run this interpreter, with the project importable.
+# Spark's Python workers must run this interpreter, with the project importable, and import
+# pyspark from its package rather than its zip (tests/worker_site/sitecustomize.py says why).
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (_ROOT, os.path.join(_ROOT, "tests", "plugins"), os.environ.get("PYTHONPATH"))
+    p for p in (_ROOT, os.path.join(_ROOT, "tests", "plugins"),
+              os.path.join(_ROOT, "tests", "worker_site"), os.environ.get("PYTHONPATH"))
     if p)
 # Fault injection (kwatermark.reader reads it only when set): a test arms a topic by
 # creating "<topic>.arm" here; the first attempt of each of its tasks then fails mid-range.
