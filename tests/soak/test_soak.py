@@ -36,13 +36,17 @@ def test_a_minute_of_soak_loses_nothing_and_keeps_watermark_and_memory_in_line(r
     # The scenario itself: all three partitions were read, the idle one only at the start.
     assert report.produced[IDLE] == report.config.idle_records
     assert min(report.produced[LEADING], report.produced[LAGGING]) > 10_000
-    assert len(report.batches) >= PRODUCTION_S // 2
+    # A 1 s trigger: a batch every 1-3 s, slower when the other pytest-xdist worker takes
+    # the cores (19 batches in CI); enough batches for the checks to judge a trend.
+    assert len(report.batches) >= PRODUCTION_S // 6
 
 
 def middle(report: SoakReport) -> int:
-    """Index of a steady batch: after warm-up, the idle partition already excluded."""
+    """Index of a steady batch: after warm-up, the idle partition already excluded, after a
+    batch whose rows carried a watermark."""
     return next(i for i, b in enumerate(report.batches)
-                if b.at_s > report.config.warmup and b.slices.get(LAGGING))
+                if i > 0 and b.at_s > report.config.warmup and b.slices.get(LAGGING)
+                and report.batches[i - 1].max_watermark is not None)
 
 
 def with_slice(report: SoakReport, index: int, partition: int, **changes) -> SoakReport:
