@@ -109,8 +109,11 @@ class SoakProducer:
     def __init__(self, bootstrap_servers: str, topic: str, config: SoakConfig):
         self.topic = topic
         self.config = config
+        # One request in flight: a retried batch cannot land after its successor, so a
+        # record's sequence number stays its offset (tests/support/kafka.TopicWriter).
         self.producer = Producer({"bootstrap.servers": bootstrap_servers, "linger.ms": 5,
-                                  "acks": "all", "enable.idempotence": False})
+                                  "acks": "all", "enable.idempotence": False,
+                                  "max.in.flight.requests.per.connection": 1})
         self.sent = [0] * PARTITIONS
         self.delivered = [0] * PARTITIONS
         self.last_event_ms: list[int | None] = [None] * PARTITIONS
@@ -787,19 +790,23 @@ def _check_released(report: SoakReport) -> list[str]:
     if lagging_excluded:
         failures.append(f"the lagging partition, read in every batch, was not counted in "
                         f"batches {lagging_excluded[:10]}")
-    marks = [b.max_watermark for b in report.batches if b.max_watermark is not None]
-    if not marks:
+    marked = [b for b in report.batches if b.max_watermark is not None]
+    if not marked:
         return failures + ["the watermark was never defined"]
-    final, first = max(marks), marks[0]
+    first, final = marked[0].max_watermark, max(b.max_watermark for b in marked)
     target = report.lagging_before_tail_ms
     if target is not None and final < target - report.config.bound_ms - 1:
         failures.append(f"the final watermark {_ms(final)} is "
                         f"{(target - report.config.bound_ms - 1 - final) / 1000:.1f} s behind "
                         f"the lagging partition's ({_ms(target - report.config.bound_ms - 1)}): "
                         f"held back by the idle partition?")
-    if final - first < report.produce_s * 1000 / 2:
-        failures.append(f"the watermark advanced {(final - first) / 1000:.1f} s in "
-                        f"{report.produce_s:.0f} s of production, less than half")
+    # Judged from the first batch with a watermark, not from the start of production: on a
+    # busy machine Spark's start and the first batch's catch-up take half the minute.
+    span_s = marked[-1].at_s - marked[0].at_s
+    if final - first < span_s * 1000 / 2:
+        failures.append(f"the watermark advanced {(final - first) / 1000:.1f} s in the "
+                        f"{span_s:.1f} s between the first batch with a watermark and the "
+                        f"last, less than half")
     return failures
 
 

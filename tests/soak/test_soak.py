@@ -87,6 +87,18 @@ def test_the_checks_catch_a_watermark_that_goes_back_or_passes_the_lagging_parti
                    "the counted partitions' minimum")
 
 
+def test_the_checks_catch_a_watermark_that_stands_still(report):
+    """Every batch's rows carrying the first watermark: it never advanced."""
+    first = next(b.max_watermark for b in report.batches if b.max_watermark is not None)
+    stalled = [replace(b, slices={p: replace(s, min_watermark=min(s.min_watermark, first),
+                                              max_watermark=first)
+                                  if s.max_watermark is not None else s
+                                  for p, s in b.slices.items()})
+               for b in report.batches]
+    assert not failing(report, "less than half")
+    assert failing(replace(report, batches=stalled), "less than half")
+
+
 def test_the_checks_catch_an_idle_partition_holding_the_watermark(report):
     held = {b: replace(plan, partitions={**plan.partitions, IDLE: replace(
         plan.partitions[IDLE], idle="count")}) for b, plan in report.plans.items()}
