@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from tests.support.jvm import TEST_JVM_OPTIONS
 from tests.support.kafka import (
     TestBroker,
     TopicWriter,
@@ -91,6 +92,7 @@ def spark():
                .config("spark.sql.streaming.stopTimeout", "30s")
                .config("spark.driver.memory", "2g")
                .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.extraJavaOptions", TEST_JVM_OPTIONS)
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     yield session

@@ -33,6 +33,7 @@ import traceback
 from confluent_kafka import Producer
 from pyspark.sql import functions as F
 
+from tests.support.jvm import TEST_SPARK_CONF
 from tests.support.sparkkafka import baseline_session, child_io
 
 WORKER_DID_NOT_CONNECT = "Python worker failed to connect back"
@@ -149,7 +150,7 @@ def run_round(spark, bootstrap: str, query: dict, frame, checkpoint: str, round_
 def main() -> None:
     request, reply = child_io()
     bootstrap = request["bootstrap"]
-    spark = baseline_session("kwatermark-joins-compare")
+    spark = baseline_session("kwatermark-joins-compare", conf=TEST_SPARK_CONF)
     log(f"session: Spark {spark.version}")
     results = {q["name"]: {"rows": [], "dropped_by_watermark": 0, "seconds": 0.0}
                for q in request["queries"]}

@@ -4,6 +4,7 @@ and with ``format("kwatermark")``, each case's rows as JSON (bytes as hex)."""
 
 from __future__ import annotations
 
+from tests.support.jvm import TEST_SPARK_CONF
 from tests.support.sparkkafka import baseline_session, child_io
 
 
@@ -20,7 +21,7 @@ def read(spark, fmt: str, bootstrap: str, topic: str, options: dict[str, str]) -
 
 def main() -> None:
     request, reply = child_io()
-    spark = baseline_session("kwatermark-security-dropin")
+    spark = baseline_session("kwatermark-security-dropin", conf=TEST_SPARK_CONF)
     answer = {}
     for case in request["cases"]:
         answer[case["name"]] = {fmt: read(spark, fmt, case["bootstrap"], request["topic"],

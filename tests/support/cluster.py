@@ -31,9 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-# Short-lived test JVMs: the C1 compiler only and a single-threaded collector spend less of
-# CI's two cores on warm-up.
-JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+from tests.support.jvm import TEST_JVM_OPTIONS as JAVA_OPTIONS
 
 
 def free_port() -> int:

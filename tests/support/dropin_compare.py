@@ -28,6 +28,7 @@ import traceback
 
 from pyspark.sql import functions as F
 
+from tests.support.jvm import TEST_SPARK_CONF
 from tests.support.sparkkafka import baseline_session, child_io
 
 WORKER_DID_NOT_CONNECT = "Python worker failed to connect back"
@@ -141,7 +142,7 @@ def run_steps(spark, request: dict, case: dict, fmt: str, options: dict) -> dict
 
 def main() -> None:
     request, reply = child_io()
-    spark = baseline_session("kwatermark-dropin")
+    spark = baseline_session("kwatermark-dropin", conf=TEST_SPARK_CONF)
     results: dict[str, dict] = {}
     for case in request["cases"]:
         results[case["name"]] = {}

@@ -12,13 +12,14 @@ import os
 import time
 
 from kwatermark.kafkabroker import die_with_parent
+from tests.support.jvm import TEST_SPARK_CONF
 from tests.support.sparkkafka import baseline_session, child_io
 
 
 def main() -> None:
     die_with_parent()  # a test killed mid-way leaves no stream behind
     request, reply = child_io()
-    spark = baseline_session(f"kwatermark-failover-{request['fmt']}")
+    spark = baseline_session(f"kwatermark-failover-{request['fmt']}", conf=TEST_SPARK_CONF)
     out = open(request["out"], "a")  # noqa: SIM115 - closed below, written per batch
 
     def collect(frame, batch_id: int) -> None:

@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 
+from tests.support.jvm import TEST_JVM_OPTIONS
 from tests.support.streams import epoch_ms
 
 
@@ -73,6 +74,7 @@ def main(spec_path: str) -> None:
              .config("spark.ui.enabled", "false")
              .config("spark.sql.session.timeZone", "UTC")
              .config("spark.sql.shuffle.partitions", "2")   # state stores of the windows
+             .config("spark.driver.extraJavaOptions", TEST_JVM_OPTIONS)
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
 
