@@ -134,9 +134,9 @@ class TopicWriter:
         compare offsets with what they wrote), every one delivered or an error."""
         records = list(records)
         # Without idempotence (Tansu has none), several requests in flight let a retried
-        # batch land after a later one: on a just-created topic under load, a first batch
-        # refused with NOT_LEADER_OR_FOLLOWER was retried after its successor was stored,
-        # and offsets [0, 200) of a partition held records 295-494.
+        # batch land after a later one: on a just-created topic under load, offsets
+        # [0, 200) of a partition once held the records written 295th to 494th (most
+        # likely a first batch refused while the leader was unknown, then retried).
         producer = Producer({"bootstrap.servers": self.broker.bootstrap_servers,
                              "linger.ms": 20, "enable.idempotence": False,
                              "max.in.flight.requests.per.connection": 1})
