@@ -34,7 +34,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYT
 os.environ["TZ"] = "UTC"
 
 from kwatermark.options import default_state_location
-from tests.support.cluster import JAVA_OPTIONS, ClusterDriver, StandaloneCluster, durations
+from tests.support.cluster import ClusterDriver, StandaloneCluster, durations
+from tests.support.jvm import TEST_JVM_OPTIONS
 from tests.support.kafka import Record, TopicWriter, start_test_broker
 
 
@@ -55,7 +56,7 @@ def local_session():
     from pyspark.sql import SparkSession
 
     spark = (SparkSession.builder.master("local[2]").appName("kwatermark-bench-local")
-             .config("spark.driver.extraJavaOptions", JAVA_OPTIONS)   # as on the cluster
+             .config("spark.driver.extraJavaOptions", TEST_JVM_OPTIONS)   # as on the cluster
              .config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.sql.session.timeZone", "UTC").getOrCreate())

@@ -31,7 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.support.jvm import TEST_JVM_OPTIONS as JAVA_OPTIONS
+from tests.support.jvm import TEST_JVM_OPTIONS
 
 
 def free_port() -> int:
@@ -68,7 +68,7 @@ class StandaloneCluster:
 
     def _env(self, tmp: Path | None = None) -> dict:
         env = dict(os.environ, SPARK_HOME=spark_home(), SPARK_LOCAL_IP="127.0.0.1",
-                   SPARK_DAEMON_MEMORY="256m", SPARK_DAEMON_JAVA_OPTS=JAVA_OPTIONS,
+                   SPARK_DAEMON_MEMORY="256m", SPARK_DAEMON_JAVA_OPTS=TEST_JVM_OPTIONS,
                    PYSPARK_PYTHON=sys.executable)
         env.pop("SPARK_CONF_DIR", None)
         if tmp is not None:
@@ -300,8 +300,8 @@ def main(spec_path: str) -> None:
              .config("spark.cores.max", "2")
              .config("spark.executor.memory", "512m")
              .config("spark.driver.memory", "512m")
-             .config("spark.driver.extraJavaOptions", JAVA_OPTIONS)
-             .config("spark.executor.extraJavaOptions", JAVA_OPTIONS)
+             .config("spark.driver.extraJavaOptions", TEST_JVM_OPTIONS)
+             .config("spark.executor.extraJavaOptions", TEST_JVM_OPTIONS)
              .config("spark.driver.host", "127.0.0.1")
              .config("spark.driver.bindAddress", "127.0.0.1")
              .config("spark.ui.enabled", "false")

@@ -1,4 +1,5 @@
-"""JVM options for the tests' own Spark JVMs (not the benchmarks', which measure speed).
+"""JVM options for the tests' own Spark JVMs. Benchmarks against ``format("kafka")`` keep
+the default JIT (they measure steady-state speed); bench_cluster uses these, as its cluster does.
 
 The tests' JVMs live for seconds to minutes: the C1 compiler alone and a single-threaded
 collector spend less of CI's two cores on warm-up. Measured on two files each, same machine,
