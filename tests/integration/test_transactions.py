@@ -25,6 +25,7 @@ from tests.support.transactions import (
     POLL_TIMEOUT_MS,
     TransactionalWriter,
     end_offsets,
+    end_offsets_when_settled,
     expected,
     finished_well_within,
     plain_read,
@@ -107,7 +108,8 @@ def test_committed_transactions_batch_read_and_available_now(spark, broker, chec
     record once, without waiting for the marker."""
     writer = TransactionalWriter(broker, broker.create_topic(2))
     ten_transactions(writer)
-    assert end_offsets(broker, writer.topic, 2) == {0: 510, 1: 510}  # 10 markers each
+    want_ends = {0: 510, 1: 510}   # 10 markers each
+    assert end_offsets_when_settled(broker, writer.topic, want_ends) == want_ends
     want = truth(writer.committed)
     assert seen(batch_read(spark, broker, writer.topic,
                            **{"kafka.isolation.level": isolation})) == want
@@ -151,7 +153,8 @@ def test_ranges_of_only_markers_only_aborted_records_or_ending_on_them(broker, p
     writer.abort(records(3, 4, 2_000, "b"))                # offsets 5-8, marker 9
     writer.commit(records(3, 4, 3_000, "c"))               # offsets 10-13, marker 14
     assert {w.offset for w in first} == {0, 1, 2, 3}
-    assert end_offsets(broker, writer.topic, 3) == {0: 15, 1: 15, 2: 15}
+    want_ends = {0: 15, 1: 15, 2: 15}
+    assert end_offsets_when_settled(broker, writer.topic, want_ends) == want_ends
     spans = [(0, 4, 5),     # only a marker
              (0, 5, 10),    # only aborted records and their marker
              (0, 10, 15),   # ends on a marker at the log's end

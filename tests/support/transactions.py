@@ -167,6 +167,20 @@ def end_offsets(broker: TestBroker, topic: str, partitions: int,
     return {tp.partition: f.result().offset for tp, f in futures.items()}
 
 
+def end_offsets_when_settled(broker: TestBroker, topic: str, want: dict[int, int],
+                             isolation: str = "read_uncommitted", within_s: float = 15.0
+                             ) -> dict[int, int]:
+    """``end_offsets`` once they are ``want``, or as they are after ``within_s``. A producer's
+    commit returns once the coordinator has logged it; the transaction's markers are written
+    to the partitions just after (KIP-98), so the log's end can lag the commit briefly."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = end_offsets(broker, topic, len(want), isolation)
+        if found == want or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
 def plain_read(broker: TestBroker, topic: str, partitions: int,
                isolation: str = "read_uncommitted") -> list[tuple[int, int, bytes | None,
                                                                   bytes | None]]:
