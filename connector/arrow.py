@@ -7,6 +7,7 @@ tz="UTC")``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +59,12 @@ class OutputLayout:
         return pa.schema(fields)
 
 
+@functools.lru_cache(maxsize=64)
+def schema_of(layout: OutputLayout) -> pa.Schema:
+    """``layout.schema()``, built once per layout (a pack makes a reader per range)."""
+    return layout.schema()
+
+
 def timestamps(ms: np.ndarray) -> pa.Array:
     """Epoch ms (UNDEFINED = null) as a UTC microsecond timestamp array."""
     missing = ms == UNDEFINED
@@ -77,17 +84,19 @@ def kafka_columns(layout: OutputLayout, topic: str, partition: int, keys: list, 
 
 def kafka_columns_of(layout: OutputLayout, blocks: list) -> list[pa.Array]:
     """The Kafka columns of several ``RecordBlock``s (of any partitions), one after another."""
-    if len(blocks) == 1:
+    if len(blocks) == 1 and blocks[0].parts is None:
         b = blocks[0]
         return kafka_columns(layout, b.topic, b.partition, b.keys, b.values, b.offsets,
                              b.timestamps_ms, b.timestamp_types, b.headers)
-    lengths = [len(b) for b in blocks]
-    topics = sorted({b.topic for b in blocks})
+    parts = [part for b in blocks
+             for part in (b.parts if b.parts is not None else [(b.topic, b.partition, len(b))])]
+    lengths = [n for _, _, n in parts]
+    topics = sorted({topic for topic, _, _ in parts})
     index = {topic: i for i, topic in enumerate(topics)}
     return _kafka_columns(
         layout, topics,
-        np.repeat(np.array([b.partition for b in blocks], dtype=np.int32), lengths),
-        np.repeat(np.array([index[b.topic] for b in blocks], dtype=np.int32), lengths),
+        np.repeat(np.array([p for _, p, _ in parts], dtype=np.int32), lengths),
+        np.repeat(np.array([index[t] for t, _, _ in parts], dtype=np.int32), lengths),
         _joined([b.keys for b in blocks]), _joined([b.values for b in blocks]),
         np.concatenate([b.offsets for b in blocks]),
         np.concatenate([b.timestamps_ms for b in blocks]),

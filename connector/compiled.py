@@ -37,7 +37,7 @@ from kwatermark.faults import fault_point
 from kwatermark.options import SourceOptions
 from kwatermark.range_end import Stall, advance, done
 from kwatermark.rdkafka_log import librdkafka_logger
-from kwatermark.reader import RangeReader
+from kwatermark.reader import Computed, RangeReader, compute_ranges
 from kwatermark.records import RecordBlock
 from kwatermark.retries import transient
 from kwatermark.security import refusal_hint
@@ -318,17 +318,22 @@ class CompiledReader:
             raise BrokerError(f"topic {first.reader.task.topic}, partition "
                               f"{first.reader.task.partition}, offset {first.c.position}: "
                               f"{ffi.string(err).decode(errors='replace')}")
+        by_index = {lane.index: lane for lane in lanes}
+        # The open lanes' indexes, in lane order: the extension scans them after each poll
+        # (kw_ready, kw_settle, kw_skip_gaps), so a poll costs no Python work per open range.
+        n_open = len(lanes)
+        open_ids = ffi.new("int32_t[]", [lane.index for lane in lanes])
+        ready_ids = ffi.new("int32_t[]", n_open)
+        left = ffi.new("int64_t *")
+        together = all(lane.reader.at_once for lane in lanes)
+        faulty = [lane for lane in lanes if lane.fault is not None]
         size = self.options.records_per_batch(True)
         stall = Stall(self.options.poll_timeout_ms / 1000.0, time.monotonic())
         ready: list = []
         ready_rows = 0
         was_short = False
-        open_lanes = lanes
-        first_lane: dict[tuple[str, int], int] = {}   # a partition's lane kw_stop_lane takes
-        for lane in lanes:
-            first_lane.setdefault(lane.reader.task.tp, lane.index)
-        while open_lanes:
-            remaining = sum(lane.c.end - lane.c.position for lane in open_lanes)
+        remaining = sum(lane.c.end - lane.c.position for lane in lanes)
+        while n_open:
             asked = max(1, min(MAX_CONSUME, size, remaining))
             wait_ms = int(stall.wait_s(time.monotonic()) * 1000)
             status = lib.kw_poll(handle, asked, wait_ms)
@@ -338,38 +343,66 @@ class CompiledReader:
             if status == lib.KW_EVENT:
                 self._on_event(handle, lanes)
             elif status == lib.KW_FAILED:
-                raise self._failed(handle, open_lanes[0])
+                raise self._failed(handle, by_index[open_ids[0]])
             elif status == lib.KW_DRAINED and was_short:
-                self._skip_gaps(handle, open_lanes)
-            for lane in open_lanes:
-                if lane.c.n and (lane.c.n >= size or status == lib.KW_FULL
-                                 and lib.kw_event_lane(handle) == lane.index
-                                 or done(lane.c.position, lane.c.end)):
-                    block = lane.take(handle, self.layout.include_headers)
-                    ready.append((block, lane.reader._compute(block)))
+                # every open range to its partition's position, past markers and filtered
+                # records (range_end.advance)
+                lib.kw_skip_gaps(handle, open_ids, n_open)
+            full = lib.kw_event_lane(handle) if status == lib.KW_FULL else -1
+            n_ready = lib.kw_ready(handle, open_ids, n_open, size, full, ready_ids)
+            if n_ready:
+                for block, computed in self._take(
+                        handle, [by_index[i] for i in ffi.unpack(ready_ids, n_ready)],
+                        together, size):
+                    ready.append((block, computed))
                     ready_rows += len(block)
             if time.monotonic() - stall.last >= BOUNDS_AFTER_S:
-                unchecked = [lane for lane in open_lanes if not done(lane.c.position, lane.c.end)
+                unchecked = [lane for lane in _listed(by_index, open_ids, n_open)
+                             if not done(lane.c.position, lane.c.end)
                              and lane.reader.task.tp not in self._checked]
                 if unchecked:   # a partition gone, its records gone, or every broker down?
                     self._check_bounds(handle, unchecked)
-            still = [lane for lane in open_lanes if not done(lane.c.position, lane.c.end)]
-            for tp in {(lane.reader.task.tp) for lane in open_lanes} - {
-                    lane.reader.task.tp for lane in still}:
-                lib.kw_stop_lane(handle, first_lane[tp])
+            n_open = lib.kw_settle(handle, open_ids, n_open, left)
             now = time.monotonic()
-            if sum(lane.c.end - lane.c.position for lane in open_lanes) < remaining:
+            if left[0] < remaining:
                 stall.progressed(now)
             elif stall.expired(now):
-                for lane in still:   # as PackReader._expired: data loss or a BrokerError
+                for lane in _listed(by_index, open_ids, n_open):
+                    # as PackReader._expired: data loss or a BrokerError
                     lane.c.position = lane.reader._expired(lane.c.position, lane.c.end)
                 stall.progressed(now)
-                still = [lane for lane in still if not done(lane.c.position, lane.c.end)]
-            open_lanes = still
-            if ready and (ready_rows >= size or not open_lanes):
+                n_open = lib.kw_settle(handle, open_ids, n_open, left)
+            remaining = left[0]
+            if ready and (ready_rows >= size or not n_open):
                 yield ready
                 ready, ready_rows = [], 0
-            self._trip_faults(open_lanes)
+            if faulty:
+                self._trip_faults(faulty)
+
+    def _take(self, handle, lanes: list[_Lane], together: bool, size: int
+              ) -> Iterator[tuple[RecordBlock, Computed]]:
+        """The records of ``lanes`` (each holding some), computed: one block a range, or,
+        where every range allows it (``RangeReader.at_once``), blocks of many ranges at
+        once, of up to ``size`` records and ``MAX_BLOCK_BYTES`` (Arrow's 32-bit offsets)."""
+        headers = self.layout.include_headers
+        if not together:
+            for lane in lanes:
+                block = lane.take(handle, headers)
+                yield block, lane.reader._compute(block)
+            return
+        group: list[_Lane] = []
+        rows = nbytes = 0
+        for lane in lanes:
+            c = lane.c
+            n, used = c.n, c.key.len + c.value.len + c.hkey.len + c.hvalue.len
+            if group and (rows + n > size or nbytes + used > MAX_BLOCK_BYTES):
+                yield _take_ranges(handle, group, headers)
+                group, rows, nbytes = [], 0, 0
+            group.append(lane)
+            rows += n
+            nbytes += used
+        if group:
+            yield _take_ranges(handle, group, headers)
 
     def _on_event(self, handle, lanes: list[_Lane]) -> None:
         """An error message for a partition: as ``RangeReader._on_error`` and
@@ -440,30 +473,41 @@ class CompiledReader:
                 lane.reader._data_loss(f"offset {lane.c.position} is out of range: {text}")
                 lane.c.position = lane.c.end
 
-    def _skip_gaps(self, handle, open_lanes: list[_Lane]) -> None:
-        """After a short call: every open range to its partition's position, past markers
-        and filtered records (``range_end.advance``)."""
-        reported = ffi.new("int64_t *")
-        asked: dict[tuple[str, int], int] = {}
-        for lane in open_lanes:
-            tp = lane.reader.task.tp
-            if tp not in asked:
-                lib.kw_position(handle, lane.index, reported)
-                asked[tp] = reported[0]
-            lane.c.position = advance(lane.c.position, asked[tp], lane.c.end)
-
     def _failed(self, handle, lane: _Lane) -> BrokerError:
         task = lane.reader.task
         return BrokerError(f"topic {task.topic}, partition {task.partition}, offset "
                            f"{lane.c.position}: "
                            f"{ffi.string(lib.kw_event_text(handle)).decode(errors='replace')}")
 
-    def _trip_faults(self, open_lanes: list[_Lane]) -> None:
+    def _trip_faults(self, faulty: list[_Lane]) -> None:
         """Tests only (kwatermark.faults): a task's first attempt fails once, mid-range."""
         from kwatermark.pack import trip_pack_fault
-        for lane in open_lanes:
-            if lane.fault is not None and lane.c.position > lane.fault:
+        for lane in faulty:
+            if not done(lane.c.position, lane.c.end) and lane.c.position > lane.fault:
                 trip_pack_fault(self.readers, lane.reader.task)
+
+
+def _listed(by_index: dict[int, _Lane], ids, n: int) -> list[_Lane]:
+    """The lanes whose indexes are the first ``n`` of ``ids`` (an ``int32_t[]``)."""
+    return [by_index[i] for i in ffi.unpack(ids, n)]
+
+
+def _take_ranges(handle, lanes: list[_Lane], headers: bool) -> tuple[RecordBlock, Computed]:
+    """The records of several lanes as one block of their ranges (``RecordBlock.parts``),
+    computed at once (``reader.compute_ranges``)."""
+    ids = ffi.new("int32_t[]", [lane.index for lane in lanes])
+    counts = np.empty(len(lanes), dtype=np.int64)
+    out = ffi.new("kw_lane *")
+    if lib.kw_take_lanes(handle, ids, len(lanes), out,
+                         ffi.cast("int64_t *", counts.ctypes.data)) != 0:
+        raise MemoryError(f"the compiled reader cannot hold the records of {len(lanes)} "
+                          f"ranges in one block")
+    first = lanes[0].reader.task
+    block = _block(out, first.topic, first.partition, headers)
+    block.parts = [(lane.reader.task.topic, lane.reader.task.partition, n)
+                   for lane, n in zip(lanes, counts.tolist())]
+    return block, compute_ranges([lane.reader for lane in lanes], block, counts)
+
 
 def _first_open(lanes: list[_Lane]) -> dict[tuple[str, int], _Lane]:
     """Each partition's first range not done (lanes of a partition are in offset order)."""
@@ -487,15 +531,19 @@ class _Lane:
         """The lane's records so far as a block, its buffers now owned by Arrow/numpy."""
         out = ffi.new("kw_lane *")
         lib.kw_take(handle, self.index, out)
-        n = out.n
-        task = self.reader.task
-        return RecordBlock(
-            task.topic, task.partition, _binary(out.key, n, pa.binary()),
-            _binary(out.value, n, pa.binary()),
-            np.frombuffer(_owned(out.offsets, n * 8), dtype=np.int64),
-            np.frombuffer(_owned(out.timestamps, n * 8), dtype=np.int64),
-            np.frombuffer(_owned(out.types, n * 4), dtype=np.int32),
-            _headers(out, n) if headers else None)
+        return _block(out, self.reader.task.topic, self.reader.task.partition, headers)
+
+
+def _block(out, topic: str, partition: int, headers: bool) -> RecordBlock:
+    """The records of a taken lane (``kw_take``, ``kw_take_lanes``) as a block whose buffers
+    Arrow and numpy now own."""
+    n = out.n
+    return RecordBlock(
+        topic, partition, _binary(out.key, n, pa.binary()), _binary(out.value, n, pa.binary()),
+        np.frombuffer(_owned(out.offsets, n * 8), dtype=np.int64),
+        np.frombuffer(_owned(out.timestamps, n * 8), dtype=np.int64),
+        np.frombuffer(_owned(out.types, n * 4), dtype=np.int32),
+        _headers(out, n) if headers else None)
 
 def _owned(pointer, nbytes: int):
     """A buffer over memory the extension malloc'ed, freed when the buffer is dropped."""

@@ -32,7 +32,9 @@ from kwatermark.records import RecordBlock
 from kwatermark.retries import transient
 from kwatermark.security import refusal_hint
 from kwatermark.watermarks import (
+    NO_PARTITIONS,
     UNDEFINED,
+    at_once,
     from_optional,
     make_assigner,
     needs_records,
@@ -40,6 +42,7 @@ from kwatermark.watermarks import (
     row_watermarks,
     to_optional,
     watermarks_before,
+    watermarks_before_ranges,
 )
 
 log = logging.getLogger("kwatermark.reader")
@@ -69,10 +72,13 @@ class RangeReader:
         self.layout = layout
         self.decoders = decoders
         self.task = task
-        self.schema = layout.schema()
+        self.schema = arrow.schema_of(layout)
         self.generator = restore_generator(options.watermark, task.state.generator)
         self.assigner = make_assigner(options.watermark)
         self.per_record = needs_records(self.generator, self.assigner)
+        # its blocks may be computed with other ranges' (compute_ranges): nothing decoded
+        self.at_once = (at_once(self.generator, self.assigner) and decoders.key is None
+                        and decoders.value is None)
         self.advanced = from_optional(task.state.advanced_ms)
         self.previous = from_optional(task.previous_ms)
         self.count = 0
@@ -252,20 +258,61 @@ class RangeReader:
         return decoded.array, errors
 
     def _account(self, event_times: np.ndarray, rows: np.ndarray, n: int) -> None:
-        self.count += n
         known = event_times[event_times != UNDEFINED]
-        if known.size:
-            low, high = int(known.min()), int(known.max())
+        self._count(n, int(known.min()) if known.size else None,
+                    int(known.max()) if known.size else None,
+                    int(rows.max()) if rows.size else UNDEFINED)
+
+    def _count(self, n: int, low: int | None, high: int | None, top_row: int) -> None:
+        """``n`` more records, their event times within ``[low, high]`` (None: none had
+        one), their rows' watermarks up to ``top_row``."""
+        self.count += n
+        if high is not None:
             self.min_event = low if self.min_event is None else min(self.min_event, low)
             self.max_event = high if self.max_event is None else max(self.max_event, high)
-        if rows.size:
-            self.max_row_watermark = max(self.max_row_watermark, int(rows.max()))
+        self.max_row_watermark = max(self.max_row_watermark, top_row)
 
     def _progress(self) -> ProgressRecord:
         return ProgressRecord(
             generator=self.generator.snapshot(), count=self.count,
             min_event_ms=self.min_event, max_event_ms=self.max_event,
             max_row_watermark=to_optional(self.max_row_watermark))
+
+
+def compute_ranges(readers: list[RangeReader], block: RecordBlock, counts: np.ndarray
+                   ) -> Computed:
+    """``RangeReader._compute`` for the next blocks of many ranges at once, for readers whose
+    ``at_once`` holds (a pack of many small ranges, kwatermark.compiled): ``block`` holds
+    ``counts[i]`` (> 0) records of ``readers[i]``'s range, one range after another. Rows and
+    every range's state come out as if each range's block were computed alone; the numpy
+    work is done once, not once per range."""
+    tasks = [r.task for r in readers]
+
+    def per_row(values: list) -> np.ndarray:
+        return np.repeat(np.array(values, dtype=np.int64), counts)
+
+    event_times, _ = readers[0].assigner.assign(block)
+    own_before = watermarks_before_ranges([r.generator for r in readers], event_times, counts)
+    own_before = np.maximum(own_before, per_row([r.advanced for r in readers]))
+    rows = row_watermarks(own_before, per_row([t.others_ms for t in tasks]),
+                          per_row([r.previous for r in readers]),
+                          np.repeat(np.array([t.counted for t in tasks], dtype=bool), counts),
+                          per_row([from_optional(t.floor_ms) for t in tasks]))
+    heads = np.cumsum(counts) - counts
+    known = event_times != UNDEFINED
+    lows = np.minimum.reduceat(np.where(known, event_times, NO_PARTITIONS), heads).tolist()
+    highs = np.maximum.reduceat(np.where(known, event_times, UNDEFINED), heads).tolist()
+    tops = np.maximum.reduceat(rows, heads).tolist()
+    for i, reader in enumerate(readers):
+        found = highs[i] != UNDEFINED
+        reader._count(int(counts[i]), lows[i] if found else None, highs[i] if found else None,
+                      tops[i])
+    options = readers[0].options
+    late = None
+    if options.late_records != "keep":
+        late = ((event_times != UNDEFINED) & (rows != UNDEFINED)
+                & (event_times + options.allowed_lateness_ms <= rows))
+    return Computed(event_times, rows, late, None, None, None, None)
 
 
 @dataclass

@@ -209,6 +209,67 @@ def watermarks_before(generator: object, event_times: np.ndarray, block: RecordB
     return out
 
 
+def at_once(generator: object, assigner: object) -> bool:
+    """Whether ``watermarks_before_ranges`` serves this generator, fed by this assigner: the
+    built-in generators that need no record, on Kafka's record timestamps."""
+    return type(assigner) is KafkaTimestampAssigner and type(generator) in (
+        BoundedOutOfOrderness, NoWatermarks, TimeLag)
+
+
+def watermarks_before_ranges(generators: list, event_times: np.ndarray, counts: np.ndarray
+                             ) -> np.ndarray:
+    """``watermarks_before`` for several partitions' records at once: ``event_times`` holds
+    ``counts[i]`` records of ``generators[i]``'s partition, one partition after another.
+    Every generator advances as if fed its own records alone; for those ``at_once`` allows.
+    """
+    if type(generators[0]) is not BoundedOutOfOrderness:   # NoWatermarks, TimeLag: constant
+        return np.repeat(np.array([current_ms(g) for g in generators], dtype=np.int64),
+                         counts)
+    starts = np.array([UNDEFINED if g.max_ts is None else g.max_ts for g in generators],
+                      dtype=np.int64)
+    before, last = segmented_running_max(starts, event_times, counts)
+    for generator, top in zip(generators, last.tolist()):
+        if top != UNDEFINED:
+            generator.max_ts = top
+    bound = np.repeat(np.array([g.bound_ms + 1 for g in generators], dtype=np.int64), counts)
+    return np.where(before == UNDEFINED, UNDEFINED, before - bound)
+
+
+def segmented_running_max(starts: np.ndarray, values: np.ndarray, counts: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """Segment ``i`` is ``starts[i]`` followed by the next ``counts[i]`` of ``values``: the
+    running maximum of its segment before each value, and each segment's maximum.
+
+    >>> before, last = segmented_running_max(np.array([5, 0]), np.array([1, 7, 3, 2]),
+    ...                                      np.array([2, 2]))
+    >>> before.tolist(), last.tolist()
+    ([5, 5, 0, 3], [7, 3])
+    """
+    if len(counts) <= 16:   # few segments: one accumulate each
+        befores, lasts, at = [np.empty(0, dtype=np.int64)], [], 0
+        for start, n in zip(starts.tolist(), counts.tolist()):
+            running = np.maximum.accumulate(np.concatenate(([start], values[at:at + n])))
+            befores.append(running[:-1])
+            lasts.append(running[-1])
+            at += n
+        return np.concatenate(befores), np.array(lasts, dtype=np.int64)
+    # Many: the values' ranks, offset per segment so that one accumulate restarts at each.
+    lengths = counts + 1
+    heads = np.cumsum(lengths) - lengths
+    merged = np.empty(int(lengths.sum()), dtype=np.int64)
+    head = np.zeros(len(merged), dtype=bool)
+    head[heads] = True
+    merged[heads] = starts
+    merged[~head] = values
+    distinct, rank = np.unique(merged, return_inverse=True)
+    offset = np.repeat(np.arange(len(counts), dtype=np.int64) * len(distinct), lengths)
+    running = distinct[np.maximum.accumulate(rank.reshape(-1) + offset) - offset]
+    tails = heads + counts
+    tail = np.zeros(len(merged), dtype=bool)
+    tail[tails] = True
+    return running[~tail], running[tails]
+
+
 def current_ms(generator: object) -> int:
     """The generator's watermark as an int, UNDEFINED when it has none."""
     return _as_ms(generator, generator.current())
@@ -441,13 +502,17 @@ def emitted(previous: int, computed: int) -> int:
     return max(previous, computed)
 
 
-def row_watermarks(own_before: np.ndarray, others: int, previous: int, counted: bool,
-                   floor: int = UNDEFINED) -> np.ndarray:
+def row_watermarks(own_before: np.ndarray, others: int | np.ndarray,
+                   previous: int | np.ndarray, counted: bool | np.ndarray,
+                   floor: int | np.ndarray = UNDEFINED) -> np.ndarray:
     """Per-row watermark of one partition's records (DESIGN §2): the combined watermark in
     force when each row arrives, its own partition advancing record by record and the others
     held at their batch-start state. UNDEFINED means null. ``others``/``floor`` are the
-    ceiling and floor of :func:`row_bounds` (for ``min``: the others' minimum, UNDEFINED)."""
-    if counted:
+    ceiling and floor of :func:`row_bounds` (for ``min``: the others' minimum, UNDEFINED).
+    Each argument but ``own_before`` may also be one value per row."""
+    if isinstance(counted, np.ndarray):   # rows of several partitions (reader.compute_ranges)
+        computed = np.where(counted, np.minimum(np.maximum(own_before, floor), others), others)
+    elif counted:
         computed = np.minimum(np.maximum(own_before, floor), others)
     else:
         computed = np.full_like(own_before, others)

@@ -532,16 +532,6 @@ int kw_event_err(kw_reader *r) { return r->event_err; }
 int64_t kw_event_offset(kw_reader *r) { return r->event_offset; }
 const char *kw_event_text(kw_reader *r) { return r->event_text; }
 
-int kw_position(kw_reader *r, int lane, int64_t *position) {
-    kw_lane *l = &r->lanes[lane];
-    rd_kafka_topic_partition_list_t *list = rk.tpl_new(1);
-    rk.tpl_add(list, r->topic_names[l->topic], l->partition);
-    int e = rk.position(r->rk, list);
-    *position = list->elems[0].offset;
-    rk.tpl_destroy(list);
-    return e;
-}
-
 /* Stop fetching a partition whose ranges are all done (the pack pauses it). */
 void kw_stop_lane(kw_reader *r, int lane) {
     while (lane > 0 && same_partition(&r->lanes[lane - 1], &r->lanes[lane]))
@@ -587,6 +577,176 @@ void kw_take(kw_reader *r, int lane, kw_lane *out) {
     col_reset(&l->hlist);
     col_reset(&l->hkey);
     col_reset(&l->hvalue);
+}
+
+static void col_free(kw_col *c);
+
+/* Append `src`'s elements to `dst` (sized by the caller), offsets rebased, validity copied. */
+static void col_copy(kw_col *dst, const kw_col *src) {
+    for (int64_t i = 0; i < src->n; i++) {
+        dst->offsets[dst->n + i + 1] = (int32_t)(dst->len + src->offsets[i + 1]);
+        if (src->valid[i >> 3] & (1u << (i & 7)))
+            dst->valid[(dst->n + i) >> 3] |= (uint8_t)(1u << ((dst->n + i) & 7));
+    }
+    if (src->len)
+        memcpy(dst->data + dst->len, src->data, (size_t)src->len);
+    dst->n += src->n;
+    dst->len += src->len;
+    dst->nulls += src->nulls;
+}
+
+/* Room for `n` elements and `len` data bytes in a new column; 0, or -1 out of memory. */
+static int col_alloc(kw_col *c, int64_t n, int64_t len) {
+    memset(c, 0, sizeof(*c));
+    if (n == 0)
+        return 0;
+    c->offsets = malloc((size_t)(n + 1) * sizeof(int32_t));
+    c->data = len ? malloc((size_t)len) : NULL;
+    c->valid = calloc((size_t)(n + 7) / 8, 1);
+    if (!c->offsets || (len && !c->data) || !c->valid)
+        return -1;
+    c->offsets[0] = 0;
+    c->cap = n;
+    c->data_cap = len;
+    return 0;
+}
+
+/* Empty a lane's column for its next records, keeping its buffers. */
+static void col_empty(kw_col *c) {
+    if (c->valid)
+        memset(c->valid, 0, (size_t)(c->n + 7) / 8);
+    c->n = c->len = c->nulls = 0;
+}
+
+int kw_take_lanes(kw_reader *r, const int32_t *lanes, int n, kw_lane *out, int64_t *counts) {
+    int64_t rows = 0, keys = 0, values = 0, hkeys = 0, hkey_len = 0, hvalue_len = 0;
+    for (int i = 0; i < n; i++) {
+        kw_lane *l = &r->lanes[lanes[i]];
+        rows += l->n;
+        keys += l->key.len;
+        values += l->value.len;
+        hkeys += l->hkey.n;
+        hkey_len += l->hkey.len;
+        hvalue_len += l->hvalue.len;
+    }
+    if (rows > INT32_MAX || keys > INT32_MAX || values > INT32_MAX || hkeys > INT32_MAX ||
+        hkey_len > INT32_MAX || hvalue_len > INT32_MAX)
+        return -1; /* Arrow's 32-bit offsets: the caller takes fewer lanes at once */
+    memset(out, 0, sizeof(*out));
+    out->offsets = malloc((size_t)(rows ? rows : 1) * sizeof(int64_t));
+    out->timestamps = malloc((size_t)(rows ? rows : 1) * sizeof(int64_t));
+    out->types = malloc((size_t)(rows ? rows : 1) * sizeof(int32_t));
+    int failed = !out->offsets || !out->timestamps || !out->types;
+    failed |= col_alloc(&out->key, rows, keys) | col_alloc(&out->value, rows, values);
+    if (r->headers)
+        failed |= col_alloc(&out->hlist, rows, 0) | col_alloc(&out->hkey, hkeys, hkey_len) |
+                  col_alloc(&out->hvalue, hkeys, hvalue_len);
+    if (failed) {
+        free(out->offsets);
+        free(out->timestamps);
+        free(out->types);
+        col_free(&out->key);
+        col_free(&out->value);
+        col_free(&out->hlist);
+        col_free(&out->hkey);
+        col_free(&out->hvalue);
+        memset(out, 0, sizeof(*out));
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        kw_lane *l = &r->lanes[lanes[i]];
+        counts[i] = l->n;
+        if (l->n) {
+            memcpy(out->offsets + out->n, l->offsets, (size_t)l->n * sizeof(int64_t));
+            memcpy(out->timestamps + out->n, l->timestamps, (size_t)l->n * sizeof(int64_t));
+            memcpy(out->types + out->n, l->types, (size_t)l->n * sizeof(int32_t));
+            col_copy(&out->key, &l->key);
+            col_copy(&out->value, &l->value);
+            if (r->headers) {
+                /* the list's offsets index hkey: rebase them by the headers before */
+                int64_t base = out->hkey.n;
+                for (int64_t j = 0; j < l->n; j++) {
+                    out->hlist.offsets[out->hlist.n + j + 1] =
+                        (int32_t)(base + l->hlist.offsets[j + 1]);
+                    if (l->hlist.valid[j >> 3] & (1u << (j & 7)))
+                        out->hlist.valid[(out->hlist.n + j) >> 3] |=
+                            (uint8_t)(1u << ((out->hlist.n + j) & 7));
+                }
+                out->hlist.n += l->n;
+                out->hlist.nulls += l->hlist.nulls;
+                col_copy(&out->hkey, &l->hkey);
+                col_copy(&out->hvalue, &l->hvalue);
+            }
+        }
+        out->n += l->n;
+        l->n = 0;
+        col_empty(&l->key);
+        col_empty(&l->value);
+        col_empty(&l->hlist);
+        col_empty(&l->hkey);
+        col_empty(&l->hvalue);
+    }
+    return 0;
+}
+
+int kw_ready(kw_reader *r, const int32_t *lanes, int n, int64_t size, int full_lane,
+             int32_t *ready) {
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        kw_lane *l = &r->lanes[lanes[i]];
+        if (l->n && (l->n >= size || lanes[i] == full_lane || l->position >= l->end))
+            ready[k++] = lanes[i];
+    }
+    return k;
+}
+
+int kw_settle(kw_reader *r, int32_t *lanes, int n, int64_t *remaining) {
+    int k = 0;
+    int64_t left = 0;
+    for (int i = 0; i < n; i++) {
+        kw_lane *l = &r->lanes[lanes[i]];
+        if (l->position < l->end) {
+            left += l->end - l->position;
+            lanes[k++] = lanes[i];
+        }
+        /* the partition's last listed lane: stop it when none of its listed lanes is open */
+        int last = i + 1 == n || !same_partition(l, &r->lanes[lanes[i + 1]]);
+        if (last) {
+            int open = 0;
+            for (int j = i; j >= 0 && same_partition(&r->lanes[lanes[j]], l); j--)
+                if (r->lanes[lanes[j]].position < r->lanes[lanes[j]].end) {
+                    open = 1;
+                    break;
+                }
+            if (!open)
+                kw_stop_lane(r, lanes[i]);
+        }
+    }
+    *remaining = left;
+    return k;
+}
+
+int kw_skip_gaps(kw_reader *r, const int32_t *lanes, int n) {
+    rd_kafka_topic_partition_list_t *list = rk.tpl_new(n ? n : 1);
+    for (int i = 0; i < n; i++) {
+        kw_lane *l = &r->lanes[lanes[i]];
+        if (i == 0 || !same_partition(l, &r->lanes[lanes[i - 1]]))
+            rk.tpl_add(list, r->topic_names[l->topic], l->partition);
+    }
+    int e = rk.position(r->rk, list);
+    int p = -1;
+    for (int i = 0; i < n; i++) {
+        kw_lane *l = &r->lanes[lanes[i]];
+        if (i == 0 || !same_partition(l, &r->lanes[lanes[i - 1]]))
+            p++;
+        int64_t reported = list->elems[p].offset;
+        if (reported >= 0) { /* range_end.advance: never backwards, never past the end */
+            if (reported > l->position)
+                l->position = reported < l->end ? reported : l->end;
+        }
+    }
+    rk.tpl_destroy(list);
+    return e;
 }
 
 static void col_free(kw_col *c) {

@@ -77,11 +77,28 @@ int64_t kw_event_offset(kw_reader *r);
 const char *kw_event_text(kw_reader *r);
 const char *kw_err_name(int err);
 const char *kw_err_text(int err);
-int kw_position(kw_reader *r, int lane, int64_t *position);
 void kw_stop_lane(kw_reader *r, int lane);
 /* Fetch the lane's partition again from `offset` (stopped or not); 0, else an error code. */
 int kw_restart_lane(kw_reader *r, int lane, int64_t offset);
 void kw_take(kw_reader *r, int lane, kw_lane *out);
+/* The records of `n` lanes, one after another, as one set of buffers the caller frees with
+ * kw_free; counts[i] = the records of lanes[i]. The lanes keep their buffers, emptied, for
+ * their next records. Returns 0, or -1 (nothing taken) when the records would overflow
+ * Arrow's 32-bit offsets or memory runs out. */
+int kw_take_lanes(kw_reader *r, const int32_t *lanes, int n, kw_lane *out, int64_t *counts);
+/* Of the `n` lanes listed (a partition's lanes consecutive, in offset order), those to hand
+ * over now into `ready`, returning their count: lanes holding records that hold `size` of
+ * them, are done (position at end), or are `full_lane` (kw_poll's KW_FULL; -1: none). */
+int kw_ready(kw_reader *r, const int32_t *lanes, int n, int64_t size, int full_lane,
+             int32_t *ready);
+/* Keep the listed lanes not done at the front of `lanes` (in order), returning their count;
+ * stop each partition none of whose listed lanes is open any more (kw_stop_lane);
+ * *remaining = the offsets the open lanes have left to read. */
+int kw_settle(kw_reader *r, int32_t *lanes, int n, int64_t *remaining);
+/* After a poll that came back short: each listed lane to its partition's position, which
+ * librdkafka moves past transaction markers and filtered records, never backwards and never
+ * past the lane's end (range_end.advance); one position query for all their partitions. */
+int kw_skip_gaps(kw_reader *r, const int32_t *lanes, int n);
 void kw_free(void *p);
 /* Ready the reader for another task's ranges: every partition stopped, every lane and
  * every message not yet taken dropped, a new queue; the librdkafka handle stays, with its
