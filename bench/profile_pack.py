@@ -151,6 +151,7 @@ def one_count(broker: common.Broker, n: int, args: argparse.Namespace) -> dict:
                                f"{common_rows} planned")
         start = end
     shutil.rmtree(options["watermark.stateLocation"], ignore_errors=True)
+    broker.delete_topic(topic)
     return {"tasks": len(parts), "phases": {k: statistics.median(v) for k, v in phases.items()},
             "profile": profile_text, "driver_profile": driver_text}
 
