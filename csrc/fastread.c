@@ -581,6 +581,18 @@ void kw_take(kw_reader *r, int lane, kw_lane *out) {
 
 static void col_free(kw_col *c);
 
+/* Free every buffer of a lane (or of a block taken from lanes). */
+static void lane_free(kw_lane *l) {
+    free(l->offsets);
+    free(l->timestamps);
+    free(l->types);
+    col_free(&l->key);
+    col_free(&l->value);
+    col_free(&l->hlist);
+    col_free(&l->hkey);
+    col_free(&l->hvalue);
+}
+
 /* Append `src`'s elements to `dst` (sized by the caller), offsets rebased, validity copied. */
 static void col_copy(kw_col *dst, const kw_col *src) {
     for (int64_t i = 0; i < src->n; i++) {
@@ -642,14 +654,7 @@ int kw_take_lanes(kw_reader *r, const int32_t *lanes, int n, kw_lane *out, int64
         failed |= col_alloc(&out->hlist, rows, 0) | col_alloc(&out->hkey, hkeys, hkey_len) |
                   col_alloc(&out->hvalue, hkeys, hvalue_len);
     if (failed) {
-        free(out->offsets);
-        free(out->timestamps);
-        free(out->types);
-        col_free(&out->key);
-        col_free(&out->value);
-        col_free(&out->hlist);
-        col_free(&out->hkey);
-        col_free(&out->hvalue);
+        lane_free(out);
         memset(out, 0, sizeof(*out));
         return -1;
     }
@@ -765,17 +770,8 @@ static void clear(kw_reader *r) {
             if (i == 0 || !same_partition(&r->lanes[i - 1], &r->lanes[i]))
                 kw_stop_lane(r, i);
     }
-    for (int i = 0; i < r->nlanes; i++) {
-        kw_lane *l = &r->lanes[i];
-        free(l->offsets);
-        free(l->timestamps);
-        free(l->types);
-        col_free(&l->key);
-        col_free(&l->value);
-        col_free(&l->hlist);
-        col_free(&l->hkey);
-        col_free(&l->hvalue);
-    }
+    for (int i = 0; i < r->nlanes; i++)
+        lane_free(&r->lanes[i]);
     r->nlanes = 0;
     r->started = 0;
     r->hint = 0;
