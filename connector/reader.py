@@ -237,11 +237,8 @@ class RangeReader:
         rows = row_watermarks(own_before, self.task.others_ms, self.previous,
                               self.task.counted, from_optional(self.task.floor_ms))
         self._account(event_times, rows, len(block))
-        late = None
-        if self.options.late_records != "keep":
-            late = ((event_times != UNDEFINED) & (rows != UNDEFINED)
-                    & (event_times + self.options.allowed_lateness_ms <= rows))
-        return Computed(event_times, rows, late, key_array, value_array, errors, key_errors)
+        return Computed(event_times, rows, _late(self.options, event_times, rows), key_array,
+                        value_array, errors, key_errors)
 
     def _decode(self, block: RecordBlock, role: str) -> tuple[pa.Array | None, list | None]:
         decoder = getattr(self.decoders, role)
@@ -307,12 +304,18 @@ def compute_ranges(readers: list[RangeReader], block: RecordBlock, counts: np.nd
         found = highs[i] != UNDEFINED
         reader._count(int(counts[i]), lows[i] if found else None, highs[i] if found else None,
                       tops[i])
-    options = readers[0].options
-    late = None
-    if options.late_records != "keep":
-        late = ((event_times != UNDEFINED) & (rows != UNDEFINED)
-                & (event_times + options.allowed_lateness_ms <= rows))
-    return Computed(event_times, rows, late, None, None, None, None)
+    return Computed(event_times, rows, _late(readers[0].options, event_times, rows), None,
+                    None, None, None)
+
+
+def _late(options: SourceOptions, event_times: np.ndarray, rows: np.ndarray
+          ) -> np.ndarray | None:
+    """Which rows are late: an event time at or below their watermark less
+    ``allowedLateness`` (None with lateRecords=keep, which flags nothing)."""
+    if options.late_records == "keep":
+        return None
+    return ((event_times != UNDEFINED) & (rows != UNDEFINED)
+            & (event_times + options.allowed_lateness_ms <= rows))
 
 
 @dataclass

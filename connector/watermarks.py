@@ -510,12 +510,7 @@ def row_watermarks(own_before: np.ndarray, others: int | np.ndarray,
     held at their batch-start state. UNDEFINED means null. ``others``/``floor`` are the
     ceiling and floor of :func:`row_bounds` (for ``min``: the others' minimum, UNDEFINED).
     Each argument but ``own_before`` may also be one value per row."""
-    if isinstance(counted, np.ndarray):   # rows of several partitions (reader.compute_ranges)
-        computed = np.where(counted, np.minimum(np.maximum(own_before, floor), others), others)
-    elif counted:
-        computed = np.minimum(np.maximum(own_before, floor), others)
-    else:
-        computed = np.full_like(own_before, others)
+    computed = np.where(counted, np.minimum(np.maximum(own_before, floor), others), others)
     computed = np.where(computed == NO_PARTITIONS, UNDEFINED, computed)
     return np.maximum(computed, previous)
 
