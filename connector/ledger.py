@@ -92,9 +92,28 @@ def pack_key(tasks: tuple[RangeTask, ...], fingerprint: dict) -> str:
     return hashlib.sha256(content.encode()).hexdigest()[:32]
 
 
+def pack_keys(offset_json: dict, fingerprint: dict, packing: tuple, count: int) -> list[str]:
+    """The keys of the ``count`` packs of the batch whose offset is ``offset_json`` (as
+    written to Spark's offset log), in the order they were planned: one hash of the offset,
+    the watermark configuration and the packing options, then one per pack index (~3 ms at
+    4,096 ranges against ~40 for :func:`pack_key` of every range, on the driver at each
+    planning and in each task). The offset holds every range and its start state, and the
+    ranges and packs are a pure function of it and the options; the file also names its
+    ranges, checked when read, so a pack planned otherwise (another kwatermark version) is
+    never applied to the wrong ranges."""
+    batch = hashlib.sha256(_COMPACT(["packs", fingerprint, list(packing), offset_json])
+                           .encode()).hexdigest()
+    return [hashlib.sha256(f"{batch}:{index}".encode()).hexdigest()[:32]
+            for index in range(count)]
+
+
 # Every field a range's rows and state depend on, in declaration order.
 _TASK_FIELDS = attrgetter(*(f.name for f in fields(RangeTask) if f.name != "state"))
 _STATE_FIELDS = attrgetter(*(f.name for f in fields(PartitionState)))
+
+
+def _ranges_of(tasks: tuple[RangeTask, ...]) -> list[list]:
+    return [[task.topic, task.partition, task.start, task.end] for task in tasks]
 
 
 class ProgressLedger:
@@ -141,26 +160,28 @@ class ProgressLedger:
         return (f"{self._dir(task)}/{task.start:020d}-{task.end:020d}-"
                 f"{record_key(task, fingerprint)}.json")
 
-    def _pack_path(self, tasks: tuple[RangeTask, ...], fingerprint: dict) -> str:
+    def _pack_path(self, tasks: tuple[RangeTask, ...], key: str) -> str:
         # Named like its first range's record (``forget_before`` reads the end offset from
         # the name): it is deleted once that partition has moved past the first range, when
         # every range of the pack, all from the same batch, is behind its partition's start.
         first = tasks[0]
-        return (f"{self._dir(first)}/{first.start:020d}-{first.end:020d}-"
-                f"{pack_key(tasks, fingerprint)}.pack.json")
+        return f"{self._dir(first)}/{first.start:020d}-{first.end:020d}-{key}.pack.json"
 
     def publish(self, task: RangeTask, fingerprint: dict, record: ProgressRecord) -> None:
         self._write(task, self._path(task, fingerprint), record.to_json())
 
     def publish_pack(self, tasks: tuple[RangeTask, ...], fingerprint: dict,
-                     records: list[ProgressRecord]) -> None:
-        """The records of a pack's ranges, in the pack's order, as one file; a pack of one
-        range writes that range's record."""
+                     records: list[ProgressRecord], key: str | None = None) -> None:
+        """The records of a pack's ranges, in the pack's order, as one file under ``key``
+        (:func:`pack_keys`; :func:`pack_key` when None); a pack of one range writes that
+        range's record. The file names its ranges and holds the records as columns."""
         if len(tasks) == 1:
             self.publish(tasks[0], fingerprint, records[0])
             return
-        self._write(tasks[0], self._pack_path(tasks, fingerprint),
-                    {"ranges": [record.to_json() for record in records]})
+        columns = {name: [getattr(record, name) for record in records]
+                   for name in _RECORD_FIELDS}
+        self._write(tasks[0], self._pack_path(tasks, key or pack_key(tasks, fingerprint)),
+                    {"at": _ranges_of(tasks), "records": columns})
 
     def _write(self, first: RangeTask, path: str, content: dict) -> None:
         fs, _ = self._filesystem()
@@ -224,12 +245,12 @@ class ProgressLedger:
             return False
 
     def offer_pack(self, tasks: tuple[RangeTask, ...], fingerprint: dict,
-                   records: list[ProgressRecord]) -> bool:
+                   records: list[ProgressRecord], key: str | None = None) -> bool:
         """``offer`` for the ranges of one Spark task."""
         if len(tasks) == 1:
             return self.offer(tasks[0], fingerprint, records[0])
         try:
-            self.publish_pack(tasks, fingerprint, records)
+            self.publish_pack(tasks, fingerprint, records, key)
             return True
         except (OSError, OptionError) as exc:
             first = tasks[0]
@@ -247,18 +268,30 @@ class ProgressLedger:
         except (KeyError, TypeError) as exc:
             return self._unreadable(self._path(task, fingerprint), exc)
 
-    def lookup_pack(self, tasks: tuple[RangeTask, ...], fingerprint: dict
-                    ) -> list[ProgressRecord] | None:
-        """The records ``publish_pack`` wrote for these ranges, in their order, or None."""
+    def lookup_pack(self, tasks: tuple[RangeTask, ...], fingerprint: dict,
+                    key: str | None = None) -> list[ProgressRecord] | None:
+        """The records ``publish_pack`` wrote for these ranges under ``key``, in their order,
+        or None. A pack written under its ranges' own key (:func:`pack_key`: kwatermark
+        before pack_keys, whose tasks may have run just before an upgrade) is looked for
+        when there is none under ``key``."""
         if len(tasks) == 1:
             record = self.lookup(tasks[0], fingerprint)
             return None if record is None else [record]
-        path = self._pack_path(tasks, fingerprint)
+        path = self._pack_path(tasks, key or pack_key(tasks, fingerprint))
         data = self._read(path)
+        if data is None and key is not None:
+            path = self._pack_path(tasks, pack_key(tasks, fingerprint))
+            data = self._read(path)
         if data is None:
             return None
         try:
-            records = [ProgressRecord.from_json(r) for r in data["ranges"]]
+            if "ranges" in data:   # before pack_keys: a list of records, keyed by its ranges
+                records = [ProgressRecord.from_json(r) for r in data["ranges"]]
+            elif data["at"] != _ranges_of(tasks):
+                return self._unreadable(path, "written for other ranges")
+            else:
+                columns = data["records"]
+                records = list(map(ProgressRecord, *(columns[n] for n in _RECORD_FIELDS)))
         except (KeyError, TypeError) as exc:
             return self._unreadable(path, exc)
         if len(records) != len(tasks):

@@ -14,7 +14,7 @@ from kwatermark import idle
 from kwatermark.arrow import OutputLayout
 from kwatermark.broker import Ahead, KafkaMetadata
 from kwatermark.errors import BrokerError, DataLossError, OptionError
-from kwatermark.ledger import ProgressLedger, ProgressRecord
+from kwatermark.ledger import ProgressLedger, ProgressRecord, pack_keys
 from kwatermark.offsets import (
     BatchOffset,
     PartitionLag,
@@ -45,6 +45,7 @@ from kwatermark.watermarks import (
     plan_generator,
     restore_generator,
     row_bounds,
+    snapshot_watermark,
     to_optional,
 )
 
@@ -130,6 +131,8 @@ class BatchPlanner:
         # The offset whose tasks were last planned, its tasks and their packs.
         self._tasks: tuple[BatchOffset, list[RangeTask], list[tuple[RangeTask, ...]]] | None \
             = None
+        # The offset whose packs' ledger keys were last computed, and the keys.
+        self._keys: tuple[BatchOffset, list[str]] | None = None
         # The batch last folded (its offset): the states, the highest row watermark and the
         # lowest event time each partition read.
         self._folded: tuple[BatchOffset, dict[TopicPartition, PartitionState], int,
@@ -141,6 +144,7 @@ class BatchPlanner:
         # there, not in every partition's directory); None until the first commit's sweep.
         self._may_hold: set[TopicPartition] | None = None
         self._marks: dict[int, tuple[object, int]] = {}
+        self._snapshot_mark = snapshot_watermark(options.watermark) or self._restored_mark
         self._plans_clock: bool | None = None   # the generator takes the planning time
         self._target: dict[TopicPartition, int] | None = None
         self._last_trigger_ms: int | None = None
@@ -160,8 +164,10 @@ class BatchPlanner:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         # Driver-side observation stays on the driver: tasks never read it.
-        state.update(_policy=None, _folded=None, _tasks=None, latest_seen={}, _announced=set(),
-                     _known=[], _may_hold=None, _marks={}, _topic_ids={}, _behind_since={})
+        state.update(_policy=None, _folded=None, _tasks=None, _keys=None, latest_seen={},
+                     _announced=set(),
+                     _known=[], _may_hold=None, _marks={}, _topic_ids={}, _behind_since={},
+                     _snapshot_mark=None)
         return state
 
     def offset(self, data: object) -> BatchOffset:
@@ -557,15 +563,22 @@ class BatchPlanner:
         log.warning("data loss (failOnDataLoss=false): %s", message)
 
     def partition_watermark(self, state: PartitionState) -> int:
-        # A generator's watermark is a function of its snapshot, asked for several times per
-        # partition and batch: restored once per snapshot (kept alive here, so its id is not
-        # reused while cached; the cache is emptied at each planning).
-        snapshot = state.generator
+        if self._snapshot_mark is None:   # unpickled in a task
+            self._snapshot_mark = (snapshot_watermark(self.options.watermark)
+                                   or self._restored_mark)
+        mark = self._snapshot_mark(state.generator)
+        advanced = state.advanced_ms
+        return mark if advanced is None or advanced <= mark else advanced
+
+    def _restored_mark(self, snapshot: object) -> int:
+        # A plug-in generator's watermark is a function of its snapshot, asked for several
+        # times per partition and batch: restored once per snapshot (kept alive here, so its
+        # id is not reused while cached; the cache is emptied at each planning).
         known = self._marks.get(id(snapshot))
         if known is None or known[0] is not snapshot:
             known = (snapshot, current_ms(restore_generator(self.options.watermark, snapshot)))
             self._marks[id(snapshot)] = known
-        return max(known[1], from_optional(state.advanced_ms))
+        return known[1]
 
     # -- tasks and folding -----------------------------------------------------------
 
@@ -617,6 +630,27 @@ class BatchPlanner:
             self._may_hold.update(pack[0].tp for pack in packs)   # where a pack's file goes
         return packs
 
+    def pack_keys(self, offset: BatchOffset) -> list[str]:
+        """The ledger key of each of ``packed_tasks(offset)`` (``ledger.pack_keys``): the
+        tasks write their packs' records under them, the next planning's ``fold`` finds
+        them there."""
+        if self._keys is None or self._keys[0] is not offset:
+            packs = self._tasks_and_packs(offset)[1]
+            packing = (self.options.min_records_per_partition, self.options.min_partitions,
+                       self.options.max_records_per_partition)
+            self._keys = (offset, pack_keys(self._json_of(offset), self.fingerprint, packing,
+                                            len(packs)))
+        return self._keys[1]
+
+    def _json_of(self, offset: BatchOffset) -> dict:
+        """The JSON Spark logged for ``offset`` (the dict it came from, or the one written
+        for it), so the driver that planned a batch and one restarted from its checkpoint
+        hash the same document."""
+        for known_json, known in self._known:
+            if known is offset:
+                return known_json
+        return offset.to_json()
+
     def _packs(self, tasks: list[RangeTask]) -> list[tuple[RangeTask, ...]]:
         return pack_tasks(tasks, self.options.min_records_per_partition,
                           self.options.min_partitions, self.options.max_records_per_partition)
@@ -631,8 +665,10 @@ class BatchPlanner:
         found: list[ProgressRecord | None] = []
         # Spark tasks wrote one file per pack (ledger.publish_pack); a range's own record
         # is there when its pack's is not (a record recomputed here, or packed otherwise).
-        for pack in packs:
-            in_pack = self.ledger.lookup_pack(pack, self.fingerprint) if len(pack) > 1 else None
+        keys = self.pack_keys(offset) if any(len(pack) > 1 for pack in packs) else None
+        for index, pack in enumerate(packs):
+            in_pack = (self.ledger.lookup_pack(pack, self.fingerprint, keys[index])
+                       if len(pack) > 1 else None)
             found += in_pack or [self.ledger.lookup(task, self.fingerprint) for task in pack]
         missing = [task for task, record in zip(tasks, found) if record is None]
         if missing:

@@ -113,14 +113,16 @@ def _freeze_imports() -> None:
 class RangePartition(InputPartition):
     """One Spark task: one or more ranges read by one consumer (packing, DESIGN §12). A
     streaming task publishes its progress records (a batch read has no next batch to plan);
-    ``ledger_mark`` is the driver's mark in the default progress location."""
+    ``ledger_mark`` is the driver's mark in the default progress location, ``ledger_key``
+    the key of the pack's records (``BatchPlanner.pack_keys``)."""
 
     def __init__(self, tasks: tuple[RangeTask, ...], publish: bool = False,
-                 ledger_mark: str | None = None):
+                 ledger_mark: str | None = None, ledger_key: str | None = None):
         super().__init__(tasks)
         self.tasks = tasks
         self.publish = publish
         self.ledger_mark = ledger_mark
+        self.ledger_key = ledger_key
 
 
 class HeartbeatPartition(InputPartition):
@@ -255,7 +257,7 @@ def _read(options: SourceOptions, layout: OutputLayout, decoders: Decoders, plan
     yield from pack
     if partition.publish:
         planner.ledger.offer_pack(partition.tasks, planner.fingerprint,
-                                  [record for _, record in pack.progress])
+                                  [record for _, record in pack.progress], partition.ledger_key)
 
 
 class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -354,7 +356,9 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if offset.heartbeat:
             return [HeartbeatPartition(offset.watermark)]
         mark = self.planner.ledger.driver_mark()
-        return [RangePartition(tasks, True, mark) for tasks in self.planner.packed_tasks(offset)]
+        packs = self.planner.packed_tasks(offset)
+        keys = self.planner.pack_keys(offset)
+        return [RangePartition(tasks, True, mark, key) for tasks, key in zip(packs, keys)]
 
     def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
         return _cause_first_rows(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import pickle
 from dataclasses import asdict, fields, replace
 from pathlib import Path
@@ -16,6 +17,7 @@ from kwatermark.ledger import (
     ProgressLedger,
     ProgressRecord,
     pack_key,
+    pack_keys,
     record_content,
     record_key,
 )
@@ -284,6 +286,55 @@ def test_a_pack_key_changes_with_every_input_of_any_of_its_ranges(name):
                                                    dict(FINGERPRINT))
 
 
+OFFSET_JSON = {"events": {"0": 20, "7": 1}, "other": {"3": 9},
+               "@kwatermark": {"v": 2, "watermark": 899, "plannedAt": 5}}
+PACKING = (10_000, None, None)
+
+
+def test_a_batch_pack_keys_follow_its_offset_configuration_packing_and_order():
+    keys = pack_keys(OFFSET_JSON, FINGERPRINT, PACKING, 3)
+    assert len(set(keys)) == 3
+    # The same document, however its dicts are ordered (Spark hands back parsed JSON).
+    assert pack_keys(dict(reversed(OFFSET_JSON.items())), dict(FINGERPRINT), PACKING, 3) == keys
+    assert pack_keys(OFFSET_JSON, FINGERPRINT, PACKING, 2) == keys[:2]
+    others = [
+        pack_keys({**OFFSET_JSON, "events": {"0": 21, "7": 1}}, FINGERPRINT, PACKING, 3),
+        pack_keys({**OFFSET_JSON, "@kwatermark": {**OFFSET_JSON["@kwatermark"],
+                                                  "watermark": 900}}, FINGERPRINT, PACKING, 3),
+        pack_keys(OFFSET_JSON, {**FINGERPRINT, "bound": 5}, PACKING, 3),
+        pack_keys(OFFSET_JSON, FINGERPRINT, (20_000, None, None), 3),
+        pack_keys(OFFSET_JSON, FINGERPRINT, (10_000, 4, None), 3),
+        pack_keys(OFFSET_JSON, FINGERPRINT, (10_000, None, 100), 3),
+    ]
+    assert all(set(other).isdisjoint(keys) for other in others)
+
+
+def test_a_pack_under_a_batch_key_is_found_only_for_the_ranges_it_names(tmp_path, caplog):
+    ledger = ProgressLedger(str(tmp_path))
+    [key] = pack_keys(OFFSET_JSON, FINGERPRINT, PACKING, 1)
+    ledger.publish_pack(PACK, FINGERPRINT, PACK_RECORDS, key)
+    assert ledger.lookup_pack(PACK, FINGERPRINT, key) == PACK_RECORDS
+    assert ledger.lookup_pack(PACK, FINGERPRINT) is None        # not under the ranges' key
+    # Planned otherwise (another version's packing) under the same key and first range: the
+    # file names other ranges and is not applied to these.
+    regrouped = PACK[:2] + (task(5, 8, topic="other", partition=3),) + PACK[3:]
+    with caplog.at_level("WARNING", logger="kwatermark.ledger"):
+        assert ledger.lookup_pack(regrouped, FINGERPRINT, key) is None
+    assert "written for other ranges" in caplog.text
+
+
+def test_a_pack_written_before_batch_keys_is_found_after_an_upgrade(tmp_path):
+    """Tasks of kwatermark before pack_keys wrote ``{"ranges": [record, ...]}`` under the
+    hash of the pack's ranges; the batch they ran is folded by the upgraded driver."""
+    ledger = ProgressLedger(str(tmp_path))
+    ledger.publish_pack(PACK, FINGERPRINT, PACK_RECORDS)
+    [path] = record_files(tmp_path)
+    assert pack_key(PACK, FINGERPRINT) in path.name
+    path.write_text(json.dumps({"ranges": [asdict(r) for r in PACK_RECORDS]}))
+    [key] = pack_keys(OFFSET_JSON, FINGERPRINT, PACKING, 1)
+    assert ledger.lookup_pack(PACK, FINGERPRINT, key) == PACK_RECORDS
+
+
 def test_a_pack_of_one_range_is_that_range_record(tmp_path):
     ledger = ProgressLedger(str(tmp_path))
     ledger.publish_pack(PACK[:1], FINGERPRINT, PACK_RECORDS[:1])
@@ -293,7 +344,7 @@ def test_a_pack_of_one_range_is_that_range_record(tmp_path):
 
 @pytest.mark.parametrize("content", [
     b"", b'{"ranges": [', b"[]", b'{"ranges": null}', b'{"ranges": [{"count": 1}]}',
-    b'{"ranges": []}',
+    b'{"ranges": []}', b'{"at": null, "records": {}}',
 ])
 def test_a_corrupt_pack_is_treated_as_missing(tmp_path, content):
     ledger = ProgressLedger(str(tmp_path))

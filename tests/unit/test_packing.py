@@ -109,9 +109,10 @@ def drive(records: list[list[int]], batches: list[list[int]], ledger_dir: str,
             continue
         end = BatchOffset.from_json(json.loads(json.dumps(end.to_json())))
         packs = planner.packed_tasks(end)
+        keys = planner.pack_keys(end)
         assert [t for pack in packs for t in pack] == planner.tasks(end)
         rows, progress = [], {}
-        for pack in packs:
+        for pack, key in zip(packs, keys):
             pack_records = []
             for task in pack:
                 task_rows, record = read_task(planner, task, records[task.partition], 7)
@@ -119,7 +120,7 @@ def drive(records: list[list[int]], batches: list[list[int]], ledger_dir: str,
                 rows += [(r.tp, r.offset, r.event_time, r.watermark) for r in task_rows]
                 progress[record_key(task, planner.fingerprint)] = record
             # As source._read: one ledger file per Spark task.
-            planner.ledger.publish_pack(pack, planner.fingerprint, pack_records)
+            planner.ledger.publish_pack(pack, planner.fingerprint, pack_records, key)
         seen.append({"offset": end.dumps(), "rows": sorted(rows), "progress": progress,
                      "tasks": [[(t.partition, t.start, t.end) for t in pack]
                                for pack in packs]})
@@ -205,7 +206,8 @@ def test_a_lost_pack_is_recomputed_range_by_range_and_counted(tmp_path, caplog):
     [pack] = planner.packed_tasks(end)
     assert len(pack) == 6
     read = {task: read_task(planner, task, [100 + i for i in range(3)], 7)[1] for task in pack}
-    planner.ledger.publish_pack(pack, planner.fingerprint, [read[t] for t in pack])
+    planner.ledger.publish_pack(pack, planner.fingerprint, [read[t] for t in pack],
+                                planner.pack_keys(end)[0])
     planner._recompute = mock.Mock(side_effect=lambda tasks: [read[t] for t in tasks])
     expected = planner.fold(end)
     assert planner._recompute.call_count == 0

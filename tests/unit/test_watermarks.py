@@ -33,6 +33,7 @@ from kwatermark.watermarks import (
     needs_records,
     restore_generator,
     row_watermarks,
+    snapshot_watermark,
     to_optional,
     watermarks_before,
 )
@@ -317,6 +318,29 @@ def test_custom_generator_whose_constructor_fails(plugins):
                           plugin_options=(("watermark.lagMs", "soon"),))
     with pytest.raises(PluginError, match="failed to construct"):
         make_generator(cfg)
+
+
+@pytest.mark.parametrize("config", [
+    WatermarkConfig("monotonous"), WatermarkConfig("bounded", 5_000), WatermarkConfig("none"),
+    WatermarkConfig("timelag", max_time_lag_ms=30_000),
+], ids=["monotonous", "bounded", "none", "timelag"])
+@given(value=st.one_of(st.none(), st.integers(-2**52, 2**52)))
+def test_a_built_in_snapshot_watermark_is_the_restored_generator_one(config, value):
+    """The driver reads built-in generators' watermarks straight from their snapshots."""
+    of_snapshot = snapshot_watermark(config)
+    fed = restore_generator(config, None)
+    if value is not None:
+        fed.on_event(value)
+        if hasattr(fed, "on_plan"):
+            fed.on_plan(value)
+    for snapshot in (None, {}, fed.snapshot(), {"max_ts": value, "planned": value}):
+        assert of_snapshot(snapshot) == current_ms(restore_generator(config, snapshot))
+
+
+def test_plug_in_and_punctuated_snapshots_need_their_generator(plugins):
+    assert snapshot_watermark(WatermarkConfig("kw_test_plugins:LaggingGenerator")) is None
+    assert snapshot_watermark(WatermarkConfig(
+        "punctuated", punctuation="kw_test_plugins:is_marker")) is None
 
 
 def test_built_ins_can_split():
