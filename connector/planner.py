@@ -87,21 +87,24 @@ def observe_lags(start: BatchOffset, begins: dict[TopicPartition, int],
     """
     observed = {}
     before_all = start.partitions
+    planned = start.planned_ms
     for tp, state in states.items():
         begin = begins[tp]
+        processing_wm = None
         before = before_all.get(tp)
-        candidates = []
-        if before is not None and before.lag is not None:
-            candidates.append(before.lag.processing_wm_ms)
-            if (start.planned_ms is not None and before.lag.unread is not None
-                    and before.end - before.start == before.lag.unread):
-                candidates.append(start.planned_ms)
-        unread = max(0, latest.get(tp, begin) - begin)
-        if unread == 0:
-            candidates.append(now)
-        known = [c for c in candidates if c is not None]
-        processing_wm = max(known) if known else None
-        watermark = to_optional(marks[tp])
+        lag = None if before is None else before.lag
+        if lag is not None:
+            processing_wm = lag.processing_wm_ms
+            if (planned is not None and lag.unread is not None
+                    and before.end - before.start == lag.unread):
+                processing_wm = planned if processing_wm is None else max(processing_wm,
+                                                                          planned)
+        unread = latest.get(tp, begin) - begin
+        if unread <= 0:
+            unread = 0
+            processing_wm = now if processing_wm is None else max(processing_wm, now)
+        watermark = marks[tp]
+        watermark = None if watermark in (UNDEFINED, NO_PARTITIONS) else watermark
         observed[tp] = PartitionRange(begin, ends[tp], state, PartitionLag(
             watermark, processing_wm, None if watermark is None else now - watermark,
             None if processing_wm is None else now - processing_wm, unread))

@@ -479,11 +479,12 @@ def holder(watermarks: dict, percentile: str = "100") -> object | None:
     key in sorted order); None when no partition counts."""
     if not watermarks:
         return None
-    k = percentile_rank(percentile, len(watermarks))
-    ranked = sorted(watermarks, key=lambda key: (-watermarks[key], key))
-    target = ranked[k - 1]
-    value = watermarks[target]
-    return min(key for key in watermarks if watermarks[key] == value)
+    if percentile == "100":
+        value = min(watermarks.values())
+    else:
+        value = sorted(watermarks.values(), reverse=True)[
+            percentile_rank(percentile, len(watermarks)) - 1]
+    return min(key for key, mark in watermarks.items() if mark == value)
 
 
 def row_bounds(marks: dict, counted: set, percentile: str = "100") -> dict:

@@ -606,3 +606,12 @@ def test_updating_a_partition_state_is_dataclasses_replace():
                                    last_read_ms=9, idle="advance", held=True)
     with pytest.raises(TypeError, match="max_event"):
         state.updated(max_event=3)
+
+
+def test_an_updated_state_changes_only_what_is_named():
+    state = PartitionState(generator={"max_ts": 5}, last_read_ms=3)
+    updated = state.updated(last_read_ms=9, held=True)
+    assert updated == PartitionState(generator={"max_ts": 5}, last_read_ms=9, held=True)
+    assert state == PartitionState(generator={"max_ts": 5}, last_read_ms=3)
+    with pytest.raises(TypeError, match="no field 'lastRead'"):
+        state.updated(lastRead=9)
