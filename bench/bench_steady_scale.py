@@ -7,7 +7,8 @@ earliest offset with ``maxOffsetsPerTrigger=--per-batch`` into the noop sink, ru
 alternating between the counts (4, 512, 512, 4, ...). The figure is the median
 ``triggerExecution`` of every full batch after a run's first three (Spark's JIT is still
 compiling for the first several batches of a run: 506 -> 232 ms over twelve at 512
-partitions). Prints every run's batches and the ratio of the medians; results go to
+partitions). Prints every run's batches and the ratio of the medians, and the median driver
+planning (``latestOffset``) of the same batches; results go to
 ``bench/results/steady-scale.json``.
 
 Run: ``python bench/bench_steady_scale.py`` (about 3 minutes on 2 cores).
@@ -47,8 +48,9 @@ def produce(bootstrap: str, topic: str, partitions: int, records: int) -> None:
 
 
 def run(spark: SparkSession, bootstrap: str, topic: str, per_batch: int, work: str
-        ) -> list[int]:
-    """One AvailableNow run from the earliest offset: each full batch's triggerExecution."""
+        ) -> tuple[list[int], list[int]]:
+    """One AvailableNow run from the earliest offset: each full batch's triggerExecution
+    and latestOffset (the driver's planning)."""
     name = uuid.uuid4().hex
     query = (spark.readStream.format("kwatermark")
              .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
@@ -58,8 +60,9 @@ def run(spark: SparkSession, bootstrap: str, topic: str, per_batch: int, work: s
              .writeStream.format("noop").option("checkpointLocation", f"{work}/cp-{name}")
              .trigger(availableNow=True).start())
     query.awaitTermination()
-    return [p.durationMs["triggerExecution"] for p in query.recentProgress
-            if p.numInputRows == per_batch]
+    full = [p for p in query.recentProgress if p.numInputRows == per_batch]
+    return ([p.durationMs["triggerExecution"] for p in full],
+            [p.durationMs.get("latestOffset", 0) for p in full])
 
 
 def main() -> None:
@@ -80,24 +83,30 @@ def main() -> None:
             produce(broker.bootstrap_servers, f"steady-{count}", count,
                     args.per_batch * args.batches)
         warm: dict[int, list[int]] = {low: [], high: []}
+        planning: dict[int, list[int]] = {low: [], high: []}
         runs = []
         with tempfile.TemporaryDirectory() as work:
             for count in [low, high, high, low] * args.rounds:
-                batches = run(spark, broker.bootstrap_servers, f"steady-{count}",
-                              args.per_batch, work)
+                batches, plans = run(spark, broker.bootstrap_servers, f"steady-{count}",
+                                     args.per_batch, work)
                 warm[count] += batches[SKIPPED:]
-                runs.append({"partitions": count, "trigger_ms": batches})
-                print(f"{count:>5} partitions: {batches} ms", flush=True)
+                planning[count] += plans[SKIPPED:]
+                runs.append({"partitions": count, "trigger_ms": batches,
+                             "latest_offset_ms": plans})
+                print(f"{count:>5} partitions: {batches} ms; planning {plans} ms", flush=True)
         medians = {count: statistics.median(times) for count, times in warm.items()}
+        plan_medians = {count: statistics.median(times) for count, times in planning.items()}
         ratio = medians[high] / medians[low]
         print(f"median of batches {SKIPPED + 1}-{args.batches} of every run: {low} partitions "
               f"{medians[low]:.0f} ms, {high} partitions {medians[high]:.0f} ms, ratio "
-              f"{ratio:.2f}x (n={len(warm[low])}, {len(warm[high])})")
+              f"{ratio:.2f}x (n={len(warm[low])}, {len(warm[high])}); planning (latestOffset) "
+              f"{plan_medians[low]:.0f} and {plan_medians[high]:.0f} ms")
         os.makedirs(os.path.dirname(args.results), exist_ok=True)
         with open(args.results, "w") as out:
             json.dump({"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                        "per_batch": args.per_batch, "batches": args.batches, "runs": runs,
                        "median_ms": {str(k): v for k, v in medians.items()},
+                       "planning_median_ms": {str(k): v for k, v in plan_medians.items()},
                        "ratio": ratio, "load_avg": os.getloadavg()}, out, indent=1)
     finally:
         spark.stop()

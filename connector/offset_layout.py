@@ -147,16 +147,19 @@ def _flat_keys(snapshots: list) -> list[str] | None:
     """The keys of the snapshots when every one is None or an object of scalars with the
     same keys (at least one of them an object); else None (kept whole)."""
     keys = None
+    kinds: set[type] = set()   # of the values: checked once at the end, not per snapshot
     for snapshot in snapshots:
         if snapshot is None:
             continue
-        if not isinstance(snapshot, dict) or not all(
-                isinstance(v, _SCALARS) for v in snapshot.values()):
+        if not isinstance(snapshot, dict):
             return None
+        kinds.update(map(type, snapshot.values()))
         if keys is None:
             keys = snapshot.keys()
         elif snapshot.keys() != keys:   # as sets: one sort at the end, not one per partition
             return None
+    if not kinds <= _SCALAR_TYPES and not all(issubclass(k, _SCALARS) for k in kinds):
+        return None
     return None if keys is None else sorted(keys)
 
 
