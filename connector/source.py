@@ -71,25 +71,6 @@ def _cause_first(method: Method) -> Method:
     return call  # type: ignore[return-value]
 
 
-def _planning(method: Method) -> Method:
-    """A driver planning call (``latestOffset``, ``partitions``) with Python's cyclic
-    collector paused. At thousands of partitions a planning allocates tens of thousands of
-    long-lived objects (the next offset's ranges and states), which set off full collections
-    that walked every offset the planner keeps: ~20 ms of a 4,096-partition planning
-    (bench/README.md, "Planning at 4,096 partitions"). Planning makes no cyclic garbage of
-    its own (offsets and states are trees); what it leaves is collected once it returns."""
-    @functools.wraps(method)
-    def call(*args, **kwargs):
-        paused = gc.isenabled()
-        gc.disable()
-        try:
-            return method(*args, **kwargs)
-        finally:
-            if paused:
-                gc.enable()
-    return call  # type: ignore[return-value]
-
-
 def _cause_first_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``_cause_first`` for ``read()``, whose errors come while Spark iterates the rows."""
     try:
@@ -317,7 +298,6 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return ReadAllAvailable()
 
     @_cause_first
-    @_planning
     def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
         if start is None:  # pyspark < 4.2: neither start nor read limit (DESIGN §23)
             start = self._next_start if self._next_start is not None else self.initialOffset()
@@ -368,7 +348,6 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return latest
 
     @_cause_first
-    @_planning
     def partitions(self, start: dict, end: dict) -> list[RangePartition | HeartbeatPartition]:
         self._next_start = end  # pyspark < 4.2: where the next latestOffset() starts
         if start == end:

@@ -4,16 +4,10 @@ never later, so a later task's own objects are collected as before."""
 
 from __future__ import annotations
 
-import gc
 import json
 import subprocess
 import sys
 import textwrap
-
-import pytest
-
-from kwatermark.errors import OptionError
-from kwatermark.source import _planning
 
 
 def test_a_worker_freezes_what_it_keeps_at_its_first_two_tasks_and_never_again():
@@ -35,26 +29,3 @@ def test_a_worker_freezes_what_it_keeps_at_its_first_two_tasks_and_never_again()
     assert second >= first + 5000        # what the first task made after its freeze
     assert third == fourth == second     # later tasks' objects stay collectable
 
-
-def test_the_driver_plans_with_the_cyclic_collector_paused_and_resumes_it_after():
-    """``latestOffset`` and ``partitions`` pause Python's cyclic collector while they plan
-    (source._planning) and leave it as they found it, also when planning fails."""
-    seen = []
-
-    @_planning
-    def plan(fail: bool = False) -> None:
-        seen.append(gc.isenabled())
-        if fail:
-            raise OptionError("option subscribe: bad")
-
-    assert gc.isenabled()
-    plan()
-    with pytest.raises(OptionError):
-        plan(fail=True)
-    assert seen == [False, False] and gc.isenabled()
-    gc.disable()
-    try:
-        plan()
-        assert not gc.isenabled()   # a caller that paused it keeps it paused
-    finally:
-        gc.enable()
