@@ -63,7 +63,8 @@ class PartitionState:
         values.update(self.__dict__)
         values.update(changes)
         if len(values) != len(_STATE_NAMES):
-            raise TypeError(f"PartitionState has no field {min(changes.keys() - _STATE_NAMES)!r}")
+            unknown = min(changes.keys() - _STATE_NAMES)
+            raise TypeError(f"PartitionState has no field {unknown!r}")
         return state
 
     @classmethod

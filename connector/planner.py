@@ -168,9 +168,8 @@ class BatchPlanner:
         state = dict(self.__dict__)
         # Driver-side observation stays on the driver: tasks never read it.
         state.update(_policy=None, _folded=None, _tasks=None, _keys=None, latest_seen={},
-                     _announced=set(),
-                     _known=[], _may_hold=None, _marks={}, _topic_ids={}, _behind_since={},
-                     _snapshot_mark=None)
+                     _announced=set(), _known=[], _may_hold=None, _marks={}, _topic_ids={},
+                     _behind_since={}, _snapshot_mark=None)
         return state
 
     def offset(self, data: object) -> BatchOffset:
@@ -633,16 +632,19 @@ class BatchPlanner:
             self._may_hold.update(pack[0].tp for pack in packs)   # where a pack's file goes
         return packs
 
-    def pack_keys(self, offset: BatchOffset) -> list[str]:
+    def pack_keys(self, offset: BatchOffset) -> list[str | None]:
         """The ledger key of each of ``packed_tasks(offset)`` (``ledger.pack_keys``): the
         tasks write their packs' records under them, the next planning's ``fold`` finds
-        them there."""
+        them there. All None when no pack holds more than one range (each range's record
+        has its own key)."""
         if self._keys is None or self._keys[0] is not offset:
             packs = self._tasks_and_packs(offset)[1]
-            packing = (self.options.min_records_per_partition, self.options.min_partitions,
-                       self.options.max_records_per_partition)
-            self._keys = (offset, pack_keys(self._json_of(offset), self.fingerprint, packing,
-                                            len(packs)))
+            keys: list[str | None] = [None] * len(packs)
+            if any(len(pack) > 1 for pack in packs):
+                packing = (self.options.min_records_per_partition,
+                           self.options.min_partitions, self.options.max_records_per_partition)
+                keys = pack_keys(self._json_of(offset), self.fingerprint, packing, len(packs))
+            self._keys = (offset, keys)
         return self._keys[1]
 
     def _json_of(self, offset: BatchOffset) -> dict:
@@ -668,10 +670,9 @@ class BatchPlanner:
         found: list[ProgressRecord | None] = []
         # Spark tasks wrote one file per pack (ledger.publish_pack); a range's own record
         # is there when its pack's is not (a record recomputed here, or packed otherwise).
-        keys = self.pack_keys(offset) if any(len(pack) > 1 for pack in packs) else None
-        for index, pack in enumerate(packs):
-            in_pack = (self.ledger.lookup_pack(pack, self.fingerprint, keys[index])
-                       if len(pack) > 1 else None)
+        for pack, key in zip(packs, self.pack_keys(offset)):
+            in_pack = (self.ledger.lookup_pack(pack, self.fingerprint, key) if len(pack) > 1
+                       else None)
             found += in_pack or [self.ledger.lookup(task, self.fingerprint) for task in pack]
         missing = [task for task, record in zip(tasks, found) if record is None]
         if missing:
