@@ -28,4 +28,3 @@ def test_a_worker_freezes_what_it_keeps_at_its_first_two_tasks_and_never_again()
     assert first > 5000                  # the imports and the first task's objects
     assert second >= first + 5000        # what the first task made after its freeze
     assert third == fourth == second     # later tasks' objects stay collectable
-
