@@ -147,7 +147,7 @@ class BatchPlanner:
         # there, not in every partition's directory); None until the first commit's sweep.
         self._may_hold: set[TopicPartition] | None = None
         self._marks: dict[int, tuple[object, int]] = {}
-        self._snapshot_mark = snapshot_watermark(options.watermark) or self._restored_mark
+        self._snapshot_mark = None   # partition_watermark's reader of a snapshot
         self._plans_clock: bool | None = None   # the generator takes the planning time
         self._target: dict[TopicPartition, int] | None = None
         self._last_trigger_ms: int | None = None
@@ -565,7 +565,7 @@ class BatchPlanner:
         log.warning("data loss (failOnDataLoss=false): %s", message)
 
     def partition_watermark(self, state: PartitionState) -> int:
-        if self._snapshot_mark is None:   # unpickled in a task
+        if self._snapshot_mark is None:
             self._snapshot_mark = (snapshot_watermark(self.options.watermark)
                                    or self._restored_mark)
         mark = self._snapshot_mark(state.generator)

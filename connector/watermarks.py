@@ -479,11 +479,7 @@ def holder(watermarks: dict, percentile: str = "100") -> object | None:
     key in sorted order); None when no partition counts."""
     if not watermarks:
         return None
-    if percentile == "100":
-        value = min(watermarks.values())
-    else:
-        value = sorted(watermarks.values(), reverse=True)[
-            percentile_rank(percentile, len(watermarks)) - 1]
+    value = combined_watermark(list(watermarks.values()), percentile)
     return min(key for key, mark in watermarks.items() if mark == value)
 
 
