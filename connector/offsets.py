@@ -314,7 +314,10 @@ def _whole(shares: dict[TopicPartition, float], caps: dict[TopicPartition, int],
     topic/partition order)."""
     taken = {tp: min(caps[tp], max(0, math.floor(share))) for tp, share in shares.items()}
     left = rows - sum(taken.values())
-    by_remainder = sorted(shares, key=lambda tp: (-(shares[tp] - taken[tp]), -caps[tp], tp))
+    # largest remainder first (taken - share is exactly -(share - taken)), then larger cap,
+    # then topic/partition order: tuples compared in C, not a Python key call per partition
+    by_remainder = [tp for _, _, tp in sorted([(taken[tp] - share, -caps[tp], tp)
+                                               for tp, share in shares.items()])]
     while left < 0:   # rounding above rows: back from the smallest remainders
         for tp in reversed(by_remainder):
             if left < 0 and taken[tp] > 0:

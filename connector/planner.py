@@ -4,6 +4,7 @@ idle decisions, and write it all into the next offset."""
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections.abc import Iterable
@@ -148,6 +149,9 @@ class BatchPlanner:
         self._may_hold: set[TopicPartition] | None = None
         self._marks: dict[int, tuple[object, int]] = {}
         self._snapshot_mark = None   # partition_watermark's reader of a snapshot
+        # The last offset latest_offset planned, with each partition's watermark at its
+        # start: partitions() plans that offset's tasks from the same marks.
+        self._offset_marks: tuple[BatchOffset, dict[TopicPartition, int]] | None = None
         self._plans_clock: bool | None = None   # the generator takes the planning time
         self._target: dict[TopicPartition, int] | None = None
         self._last_trigger_ms: int | None = None
@@ -169,7 +173,7 @@ class BatchPlanner:
         # Driver-side observation stays on the driver: tasks never read it.
         state.update(_policy=None, _folded=None, _tasks=None, _keys=None, latest_seen={},
                      _announced=set(), _known=[], _may_hold=None, _marks={}, _topic_ids={},
-                     _behind_since={}, _snapshot_mark=None)
+                     _behind_since={}, _snapshot_mark=None, _offset_marks=None)
         return state
 
     def offset(self, data: object) -> BatchOffset:
@@ -370,11 +374,24 @@ class BatchPlanner:
             if watermark <= previous and not restarted:
                 return None
             self._planned = True
-            return BatchOffset(to_optional(watermark), partitions, heartbeat=True,
-                               planned_ms=now, holder=holds)
+            return self._with_marks(BatchOffset(to_optional(watermark), partitions,
+                                                heartbeat=True, planned_ms=now, holder=holds),
+                                    marks)
         self._planned = True
         self._last_trigger_ms = now
-        return BatchOffset(to_optional(watermark), partitions, planned_ms=now, holder=holds)
+        return self._with_marks(BatchOffset(to_optional(watermark), partitions, planned_ms=now,
+                                            holder=holds), marks)
+
+    def _with_marks(self, offset: BatchOffset, marks: dict[TopicPartition, int]
+                    ) -> BatchOffset:
+        self._offset_marks = (offset, marks)
+        return offset
+
+    def _marks_of(self, offset: BatchOffset) -> dict[TopicPartition, int]:
+        """Each partition's watermark at the start of ``offset``'s ranges."""
+        if self._offset_marks is not None and self._offset_marks[0] is offset:
+            return self._offset_marks[1]
+        return {tp: self.partition_watermark(r.state) for tp, r in offset.partitions.items()}
 
     def _monotone(self, latest: dict[TopicPartition, int], begins: dict[TopicPartition, int]
                   ) -> dict[TopicPartition, int]:
@@ -599,9 +616,9 @@ class BatchPlanner:
         return self._tasks[1], self._tasks[2]
 
     def _plan_tasks(self, offset: BatchOffset) -> list[RangeTask]:
-        marks = {tp: self.partition_watermark(r.state) for tp, r in offset.partitions.items()}
+        marks = self._marks_of(offset)
         counted = {tp: r.state.idle != idle.EXCLUDE for tp, r in offset.partitions.items()}
-        lowest = sorted((marks[tp], tp) for tp in marks if counted[tp])[:2]
+        lowest = heapq.nsmallest(2, [(mark, tp) for tp, mark in marks.items() if counted[tp]])
         percentile = self.options.watermark.percentile
         bounds = (row_bounds(marks, {tp for tp in marks if counted[tp]}, percentile)
                   if percentile != "100" else None)
