@@ -340,3 +340,49 @@ def test_a_task_asks_earliest_and_end_offsets_together_not_one_after_the_other()
              for p in (0, 1)]
     assert partition_bounds(Consumer(), options, tasks) == {("t", 0): (3, 40),
                                                             ("t", 1): (3, 40)}
+
+
+def test_a_named_subscription_asks_for_its_own_topics_not_the_whole_cluster():
+    """The whole cluster's metadata grows with every partition of every topic; a query that
+    names its topics asks for those. A topic's own error (it does not exist, may not be
+    described) leaves it out, as the full listing does; a request no broker answered is
+    asked again. A pattern, or many names, still list the cluster."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from kwatermark.broker import NAMED_METADATA_MAX, KafkaMetadata
+    from kwatermark.options import parse_options
+
+    errors = {"gone": KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART),
+              "denied": KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)}
+
+    class Admin:
+        def __init__(self):
+            self.asked = []
+
+        def list_topics(self, topic=None, timeout=None):
+            self.asked.append(topic)
+            if len(self.asked) == 1:   # no broker answered the first request
+                raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+            names = [topic] if topic else ["t", "other", "big"]
+            listed = described("x", {})
+            listed.topics = {name: described(name, {0: 1, 1: 1, 2: 1}).topics[name]
+                             for name in names}
+            for name, error in errors.items():
+                if name in listed.topics:
+                    listed.topics[name].error = error
+            return listed
+
+        def poll(self, _):
+            return 0
+
+    def topics(**options):
+        metadata = KafkaMetadata(parse_options({"kafka.bootstrap.servers": "127.0.0.1:1",
+                                                "fetchOffset.retryIntervalMs": "1",
+                                                **options}))
+        metadata._admin = Admin()
+        return metadata.topics(), metadata._admin.asked
+
+    assert topics(subscribe="t,gone,denied") == ({"t": 3}, ["denied", "denied", "gone", "t"])
+    assert topics(subscribePattern="t") == ({"t": 3, "other": 3, "big": 3}, [None, None])
+    many = ",".join(f"t{i}" for i in range(NAMED_METADATA_MAX + 1))
+    assert topics(subscribe=many)[1] == [None, None]
