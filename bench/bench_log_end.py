@@ -22,7 +22,9 @@ Run: ``python bench/bench_log_end.py`` (about 30 s); ``--stream`` about 4 minute
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -61,6 +63,7 @@ def read_round(bootstrap: str, topic: str, partitions: int, start: int, records:
 def stream_runs(bootstrap: str, topic: str, partitions: int, rate: int, seconds: float,
                 rounds: int) -> dict[str, list[int]]:
     """Queries with a 1 s trigger under a steady writer: each setting's ``addBatch`` ms."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)   # else python3 on PATH
     from pyspark.sql import SparkSession
 
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")

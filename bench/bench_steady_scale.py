@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -75,6 +76,10 @@ def main() -> None:
     args = parser.parse_args()
     low, high = (int(p) for p in args.partitions.split(","))
     broker = LocalBroker.start(kind="kafka")
+    # Spark starts its Python workers with PYSPARK_PYTHON, else "python3" on PATH: run
+    # as .venv/bin/python without the venv activated, that found no kwatermark
+    # (DATA_SOURCE_NOT_FOUND).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
