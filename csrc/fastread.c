@@ -705,7 +705,7 @@ int kw_ready(kw_reader *r, const int32_t *lanes, int n, int64_t size, int full_l
     return k;
 }
 
-int kw_settle(kw_reader *r, int32_t *lanes, int n, int64_t *remaining) {
+int kw_settle(kw_reader *r, int32_t *lanes, int n, int64_t *remaining, int stop) {
     int k = 0;
     int64_t left = 0;
     for (int i = 0; i < n; i++) {
@@ -723,7 +723,7 @@ int kw_settle(kw_reader *r, int32_t *lanes, int n, int64_t *remaining) {
                     open = 1;
                     break;
                 }
-            if (!open)
+            if (!open && stop)
                 kw_stop_lane(r, lanes[i]);
         }
     }
@@ -754,18 +754,32 @@ int kw_skip_gaps(kw_reader *r, const int32_t *lanes, int n) {
     return e;
 }
 
+void kw_stop_done(kw_reader *r) {
+    for (int i = 0; i < r->nlanes; i++) {
+        if (i > 0 && same_partition(&r->lanes[i - 1], &r->lanes[i]))
+            continue;
+        int open = 0;
+        for (int j = i; j < r->nlanes && same_partition(&r->lanes[j], &r->lanes[i]); j++)
+            if (r->lanes[j].position < r->lanes[j].end)
+                open = 1;
+        if (!open)
+            kw_stop_lane(r, i);
+    }
+}
+
 static void col_free(kw_col *c) {
     free(c->offsets);
     free(c->data);
     free(c->valid);
 }
 
-/* Stop every partition, drop the messages fetched and not filed, free the lanes. */
-static void clear(kw_reader *r) {
+/* Stop every partition (unless `stop` is 0), drop the messages fetched and not filed, free
+ * the lanes. */
+static void clear(kw_reader *r, int stop) {
     while (r->msg_i < r->msg_n)
         rk.message_destroy(r->msgs[r->msg_i++]);
     r->msg_i = r->msg_n = 0;
-    if (r->started) {
+    if (r->started && stop) {
         for (int i = 0; i < r->nlanes; i++)
             if (i == 0 || !same_partition(&r->lanes[i - 1], &r->lanes[i]))
                 kw_stop_lane(r, i);
@@ -780,7 +794,7 @@ static void clear(kw_reader *r) {
 }
 
 int kw_reset(kw_reader *r) {
-    clear(r);
+    clear(r, 1);
     /* Stopping a partition unforwards its fetch queue and outdates what it had fetched;
      * a new queue also leaves behind anything still in the old one. */
     rk.queue_destroy(r->queue);
@@ -788,10 +802,10 @@ int kw_reset(kw_reader *r) {
     return r->queue ? 0 : -1;
 }
 
-void kw_close(kw_reader *r) {
+static void teardown(kw_reader *r, int stop) {
     if (!r)
         return;
-    clear(r);
+    clear(r, stop);
     if (r->queue)
         rk.queue_destroy(r->queue);
     for (int t = 0; t < r->ntopics; t++) {
@@ -805,3 +819,10 @@ void kw_close(kw_reader *r) {
     free(r->msgs);
     free(r);
 }
+
+void kw_close(kw_reader *r) { teardown(r, 1); }
+
+/* librdkafka's destroy stops a consumer's partitions together: 20-30 ms for 4,096 started
+ * partitions, where stopping them one by one (rd_kafka_consume_stop, each waiting for the
+ * broker thread) took 180-250 ms. */
+void kw_discard(kw_reader *r) { teardown(r, 0); }

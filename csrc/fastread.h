@@ -92,9 +92,11 @@ int kw_take_lanes(kw_reader *r, const int32_t *lanes, int n, kw_lane *out, int64
 int kw_ready(kw_reader *r, const int32_t *lanes, int n, int64_t size, int full_lane,
              int32_t *ready);
 /* Keep the listed lanes not done at the front of `lanes` (in order), returning their count;
- * stop each partition none of whose listed lanes is open any more (kw_stop_lane);
+ * if `stop`, stop each partition none of whose listed lanes is open any more (kw_stop_lane);
  * *remaining = the offsets the open lanes have left to read. */
-int kw_settle(kw_reader *r, int32_t *lanes, int n, int64_t *remaining);
+int kw_settle(kw_reader *r, int32_t *lanes, int n, int64_t *remaining, int stop);
+/* Stop every partition none of whose lanes is open (those kw_settle left fetching). */
+void kw_stop_done(kw_reader *r);
 /* After a poll that came back short: each listed lane to its partition's position, which
  * librdkafka moves past transaction markers and filtered records, never backwards and never
  * past the lane's end (range_end.advance); one position query for all their partitions. */
@@ -104,6 +106,10 @@ void kw_free(void *p);
  * every message not yet taken dropped, a new queue; the librdkafka handle stays, with its
  * broker connections, topics and metadata (a Python worker's next task, DESIGN §19). */
 int kw_reset(kw_reader *r);
+/* Stop every partition, then destroy the consumer. */
 void kw_close(kw_reader *r);
+/* Destroy the consumer with its partitions still fetching: librdkafka stops them together,
+ * far faster than one by one when there are thousands. */
+void kw_discard(kw_reader *r);
 
 #endif

@@ -270,6 +270,41 @@ def test_a_worker_keeps_its_consumer_between_tasks_and_nothing_of_the_last_task(
     assert not idle.kept and client.handle == compiled.ffi.NULL, "an idle consumer stays open"
 
 
+@pytest.mark.skipif(compiled.unavailable() is not None, reason="compiled engine not built")
+@pytest.mark.parametrize("stop_after_s", [60.0, 0.0])
+def test_a_task_of_many_partitions_destroys_its_consumer_with_them_started(
+        broker, monkeypatch, stop_after_s):
+    """A task of more than DISCARD_PARTITIONS partitions (thousands, in use; 4 here) leaves
+    the partitions whose ranges are done fetching, and destroys its consumer at the end
+    instead of stopping them one by one: its records are still exactly its ranges', when the
+    task ends within STOP_AFTER_S (nothing stopped) and when it runs longer (its finished
+    partitions stopped then), with one range far longer than the others whose partitions
+    go on past their ranges; its consumer is not kept, and the next task reads on."""
+    monkeypatch.setattr(compiled, "_clients", compiled._Clients())
+    monkeypatch.setattr(compiled, "DISCARD_PARTITIONS", 4)
+    monkeypatch.setattr(compiled, "STOP_AFTER_S", stop_after_s)
+    topic = broker.create_topic(6)
+    writer = TopicWriter(broker, topic)
+    writer.send([Record(p, 1_000 + i, value=f"{p}-{i}".encode())
+                 for i in range(3_000) for p in range(6)])
+    options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
+                             "subscribe": topic, "readEngine": "compiled",
+                             "arrow.maxRecordsPerBatch": "500"})
+    for spans in ([(0, 0, 2_500)] + [(p, 0, 3) for p in range(1, 6)],
+                  [(0, 2_500, 2_600)] + [(p, 3, 40) for p in range(1, 6)]):
+        tasks = [RangeTask(topic, p, a, b, PartitionState(), True, None, NO_PARTITIONS)
+                 for p, a, b in spans]
+        table = pa.Table.from_batches(list(PackReader(options, OutputLayout(), Decoders(),
+                                                      tasks)),
+                                      schema=OutputLayout().schema())
+        got = sorted(zip(table.column("partition").to_pylist(),
+                         table.column("offset").to_pylist(),
+                         table.column("value").to_pylist()))
+        assert got == [(p, i, f"{p}-{i}".encode()) for p, a, b in spans
+                       for i in range(a, b)]
+        assert not compiled._clients.kept
+
+
 @pytest.mark.parametrize("engine", ["python"] + (
     ["compiled"] if compiled.unavailable() is None else []))
 def test_records_gone_before_a_task_reads_them_are_data_loss_on_both_engines(broker, engine):
