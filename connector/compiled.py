@@ -209,10 +209,12 @@ class _Clients:
     ``kafka.*`` options, prefetch and fetch size) and used by one task at a time: ``take``
     removes it, ``give_back`` returns it reset (``kw_reset``: every partition stopped,
     nothing the last task fetched left to read). A task that fails, or that Spark stops
-    early, closes its consumer instead. At most ``CAPACITY`` are kept; a thread closes one
-    unused for ``IDLE_S`` (its connections otherwise stay open, and it reports a broker
-    gone in the meantime as errors, in a worker no task uses), and so does the
-    interpreter's exit (before librdkafka's threads could log into a finalizing Python)."""
+    early, closes its consumer instead, and so does a task of more than
+    ``DISCARD_PARTITIONS`` partitions (``kw_discard``). At most ``CAPACITY`` are kept; a
+    thread closes one unused for ``IDLE_S`` (its connections otherwise stay open, and it
+    reports a broker gone in the meantime as errors, in a worker no task uses), and so does
+    the interpreter's exit (before librdkafka's threads could log into a finalizing
+    Python)."""
 
     CAPACITY = 4
     IDLE_S = 60.0
