@@ -60,7 +60,7 @@ MAX_PARTITIONS = 1 << 16   # leaders read per topic (a topic has at most some th
 # of more than DISCARD_PARTITIONS partitions stops none of them as its ranges end (unless it
 # still reads STOP_AFTER_S later: then its finished partitions, which go on fetching past
 # their ranges, would take the Fetch answers' room from the others) and destroys its
-# consumer at the end instead of keeping it; the next such task makes a new one (~10 ms).
+# consumer at the end instead of keeping it; the next such task makes a new one.
 DISCARD_PARTITIONS = 1024
 STOP_AFTER_S = 1.0
 
