@@ -71,6 +71,28 @@ def _cause_first(method: Method) -> Method:
     return call  # type: ignore[return-value]
 
 
+def _gc_paused(method: Method) -> Method:
+    """Run a driver call (planning, committing) with Python's cyclic garbage collector
+    paused. A planning at thousands of partitions makes and keeps tens of thousands of
+    objects (each partition's state, range and lag, in the offsets the planner keeps), and
+    every collection the allocations triggered walked them again: at 4,096 partitions a
+    third of ``latestOffset``'s time (bench/README.md, "Planning with the collector
+    paused"). Paused, the allocations are still counted: the collection they call for runs
+    after the call, one where dozens ran during it. Reference counting frees the planner's
+    objects as before. A collector already paused (a call within a call, or by the
+    application) is left so."""
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        if not gc.isenabled():
+            return method(*args, **kwargs)
+        gc.disable()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            gc.enable()
+    return call  # type: ignore[return-value]
+
+
 def _cause_first_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``_cause_first`` for ``read()``, whose errors come while Spark iterates the rows."""
     try:
@@ -280,6 +302,7 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._warned_single_batch = False
 
     @_cause_first
+    @_gc_paused
     def initialOffset(self) -> dict:
         if self._initial is None:
             self._initial = self.planner.offset_json(self.planner.initial_offset())
@@ -298,6 +321,7 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return ReadAllAvailable()
 
     @_cause_first
+    @_gc_paused
     def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
         if start is None:  # pyspark < 4.2: neither start nor read limit (DESIGN §23)
             start = self._next_start if self._next_start is not None else self.initialOffset()
@@ -348,6 +372,7 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return latest
 
     @_cause_first
+    @_gc_paused
     def partitions(self, start: dict, end: dict) -> list[RangePartition | HeartbeatPartition]:
         self._next_start = end  # pyspark < 4.2: where the next latestOffset() starts
         if start == end:
@@ -365,6 +390,7 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             _read(self.options, self.layout, self.decoders, self.planner, partition))
 
     @_cause_first
+    @_gc_paused
     def commit(self, end: dict) -> None:
         self.planner.commit(self.planner.offset(end))
 
@@ -380,6 +406,7 @@ class KWatermarkBatchReader(DataSourceReader):
         self.planner = BatchPlanner(options, layout, decoders)
 
     @_cause_first
+    @_gc_paused
     def partitions(self) -> list[RangePartition]:
         offset = self.planner.batch_offset()
         return [RangePartition(tasks) for tasks in self.planner.packed_tasks(offset)]
