@@ -644,6 +644,14 @@ int kw_take_lanes(kw_reader *r, const int32_t *lanes, int n, kw_lane *out, int64
     if (rows > INT32_MAX || keys > INT32_MAX || values > INT32_MAX || hkeys > INT32_MAX ||
         hkey_len > INT32_MAX || hvalue_len > INT32_MAX)
         return -1; /* Arrow's 32-bit offsets: the caller takes fewer lanes at once */
+    if (n == 1) {
+        /* One range: its buffers are handed over as they are (kw_take), not copied into
+         * new ones. Each of its records was copied twice before (from librdkafka's message,
+         * then into the block), and the copy loop rebased every offset. */
+        counts[0] = r->lanes[lanes[0]].n;
+        kw_take(r, lanes[0], out);
+        return 0;
+    }
     memset(out, 0, sizeof(*out));
     out->offsets = malloc((size_t)(rows ? rows : 1) * sizeof(int64_t));
     out->timestamps = malloc((size_t)(rows ? rows : 1) * sizeof(int64_t));
