@@ -37,6 +37,8 @@ import json
 import re
 from collections import Counter
 
+import numpy as np
+
 from kwatermark.offsets import (
     BatchOffset,
     OffsetFormatError,
@@ -111,9 +113,10 @@ def _topic_columns(partitions: list[int], ranges: list[PartitionRange],
                             ("procLag", "processing_lag_ms")):
         values[name] = [None if r.lag is None else getattr(r.lag, attribute) for r in ranges]
     columns: dict = {}
-    written: dict[str, list] = {}
+    written: dict[str, _Column] = {}
 
-    def put(name: str, column: list) -> None:
+    def put(name: str, values: list) -> None:
+        column = _Column(values)
         encoded = _encode(name, column, partitions, written)
         if encoded is not _OMIT:
             columns[name] = encoded
@@ -135,7 +138,8 @@ def _topic_columns(partitions: list[int], ranges: list[PartitionRange],
     for name, base in (("eventLag", "wm"), ("procLag", "procWm")):
         derived = _lags(values[base], planned)
         if values[name] != derived:
-            columns[name] = _encode(name, values[name], partitions, written, omit=False)
+            columns[name] = _encode(name, _Column(values[name]), partitions, written,
+                                    omit=False)
     return columns
 
 
@@ -169,19 +173,47 @@ class _Omit:
 
 _OMIT = _Omit()
 
+# Integers whose differences numpy computes exactly (int64); beyond, Python's ints do.
+_NUMPY_SAFE = 2 ** 62
+# Columns shorter than this stay Python lists: numpy's fixed cost per call is higher there.
+_NUMPY_FROM = 64
+
+
+class _Column:
+    """A column's values (one per partition, in partition order), their types, and, when
+    every value is a Python int small enough, the same as an int64 array: the forms that
+    compare whole columns (``of``/``plus``, differences, the most common value) are then
+    computed by numpy, not by a Python loop over thousands of partitions per column."""
+
+    def __init__(self, values: list):
+        self.values = values
+        self.kinds = set(map(type, values))
+        self._ints: np.ndarray | None | bool = False   # False: not computed yet
+
+    @property
+    def ints(self) -> np.ndarray | None:
+        if self._ints is False:
+            self._ints = None
+            if self.kinds == {int} and len(self.values) >= _NUMPY_FROM:
+                low, high = min(self.values), max(self.values)
+                if -_NUMPY_SAFE < low and high < _NUMPY_SAFE:
+                    self._ints = np.array(self.values, dtype=np.int64)
+        return self._ints
+
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _encode(name: str, column: list, partitions: list[int], written: dict[str, list],
+def _encode(name: str, col: _Column, partitions: list[int], written: dict[str, _Column],
             omit: bool = True) -> object:
-    """The shortest form of ``column`` (see the module's docstring); ``_OMIT`` when every
+    """The shortest form of ``col`` (see the module's docstring); ``_OMIT`` when every
     value is the column's default. Deterministic in the values: a replayed batch writes the
     same bytes. Many partitions take the forms that are short by construction without
     measuring every candidate (this runs once per batch on the driver)."""
+    column = col.values
     n = len(column)
-    kinds = set(map(type, column))
+    kinds = col.kinds
     scalar = kinds <= _SCALAR_TYPES
     first = column[0]
     if len(kinds) == 1 and column.count(first) == n:
@@ -191,32 +223,53 @@ def _encode(name: str, column: list, partitions: list[int], written: dict[str, l
         return first if scalar else {"all": first}
     candidates: list = []
     if kinds <= _INT_TYPES:
-        for other, values in written.items():
-            plus = _constant_difference(column, values)
+        for other_name, other in written.items():
+            plus = _constant_difference(col, other)
             if plus is not None:
-                candidates.append({"of": other, "plus": plus})
+                candidates.append({"of": other_name, "plus": plus})
         if candidates and n >= 32:
             return min(candidates, key=lambda c: (len(c["of"]), c["of"]))
     if scalar:
-        # Values told apart by type too (1, 1.0 and True are equal in Python, not in JSON).
-        tokens = column if len(kinds - {type(None)}) <= 1 else [(type(v), v) for v in column]
-        common, count = Counter(tokens).most_common(1)[0]
+        common, count = _most_common(col)
         if count * 2 > n:
-            most = column[tokens.index(common)]
-            sparse = {"else": most, "at": {str(p): v for p, v, t in
-                                           zip(partitions, column, tokens) if t != common}}
+            sparse = {"else": common, "at": {str(p): v for p, v in zip(partitions, column)
+                                             if not _same(v, common)}}
             if n >= 32 and (n - count) * 8 <= n:
                 return sparse
             candidates.append(sparse)
     if kinds <= _INT_TYPES:
-        candidates.append({"d": _deltas(column)})
+        candidates.append({"d": _deltas(col)})
     candidates.append(column)
     return min(candidates, key=lambda c: len(json.dumps(c, separators=_SEP)))
 
 
-def _deltas(column: list) -> list:
+def _same(a: object, b: object) -> bool:
+    """Equal as JSON values: 1, 1.0 and True are equal in Python, not in JSON."""
+    return a == b and type(a) is type(b)
+
+
+def _most_common(col: _Column) -> tuple[object, int]:
+    """The most common value of a column of scalars and how often it occurs (the first
+    seen of the most common ones)."""
+    ints = col.ints
+    if ints is not None:
+        _, first_at, counts = np.unique(ints, return_index=True, return_counts=True)
+        top = counts.max()
+        at = first_at[counts == top].min()   # the first seen, as Counter.most_common
+        return col.values[at], int(top)
+    column = col.values
+    # Values told apart by type too (1, 1.0 and True are equal in Python, not in JSON).
+    tokens = column if len(col.kinds - {type(None)}) <= 1 else [(type(v), v) for v in column]
+    common, count = Counter(tokens).most_common(1)[0]
+    return column[tokens.index(common)], count
+
+
+def _deltas(col: _Column) -> list:
+    ints = col.ints
+    if ints is not None:
+        return np.diff(ints, prepend=0).tolist()
     out, last = [], 0
-    for v in column:
+    for v in col.values:
         if v is None:
             out.append(None)
         else:
@@ -225,18 +278,26 @@ def _deltas(column: list) -> list:
     return out
 
 
-def _constant_difference(column: list, other: list) -> int | None:
-    if not other or not _is_int(column[0]) or not _is_int(other[0]):
+def _constant_difference(col: _Column, other: _Column) -> int | None:
+    column, values = col.values, other.values
+    if not values or not _is_int(column[0]) or not _is_int(values[0]):
         return None   # a cheap first look: most columns are not
-    plus = column[0] - other[0]
-    if None not in column and None not in other:
+    if len(column) != len(values):
+        return None
+    a, b = col.ints, other.ints
+    if a is not None and b is not None:
+        differences = a - b
+        plus = int(differences[0])
+        return plus if bool((differences == plus).all()) else None
+    if type(None) not in col.kinds and type(None) not in other.kinds:
+        plus = column[0] - values[0]
         try:
-            same = all(type(o) is int and v - o == plus for v, o in zip(column, other))
+            same = all(type(o) is int and v - o == plus for v, o in zip(column, values))
         except TypeError:
             return None
         return plus if same else None
     plus = None
-    for v, o in zip(column, other):
+    for v, o in zip(column, values):
         if v is None or o is None:
             if v is not None or o is not None:
                 return None
