@@ -132,6 +132,27 @@ class PartitionRange:
     lag: PartitionLag | None = None
 
 
+def new_lag(watermark_ms: int | None, processing_wm_ms: int | None,
+            event_lag_ms: int | None, processing_lag_ms: int | None,
+            unread: int | None) -> PartitionLag:
+    """``PartitionLag(...)`` at half the cost of the frozen dataclass's ``__init__`` (which
+    sets each field through ``object.__setattr__``): the planner makes one per partition
+    and batch."""
+    lag = object.__new__(PartitionLag)
+    lag.__dict__.update(watermark_ms=watermark_ms, processing_wm_ms=processing_wm_ms,
+                        event_lag_ms=event_lag_ms, processing_lag_ms=processing_lag_ms,
+                        unread=unread)
+    return lag
+
+
+def new_range(start: int, end: int, state: PartitionState, lag: PartitionLag | None
+              ) -> PartitionRange:
+    """``PartitionRange(start, end, state, lag)``, as :func:`new_lag`."""
+    r = object.__new__(PartitionRange)
+    r.__dict__.update(start=start, end=end, state=state, lag=lag)
+    return r
+
+
 @dataclass(frozen=True)
 class BatchOffset:
     watermark: int | None

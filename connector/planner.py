@@ -18,13 +18,14 @@ from kwatermark.errors import BrokerError, DataLossError, OptionError
 from kwatermark.ledger import ProgressLedger, ProgressRecord, pack_keys
 from kwatermark.offsets import (
     BatchOffset,
-    PartitionLag,
     PartitionRange,
     PartitionState,
     RangeTask,
     TopicPartition,
     fill_densities,
     held_by_alignment,
+    new_lag,
+    new_range,
     pack_tasks,
     plan_splits,
     rate_limit,
@@ -106,7 +107,7 @@ def observe_lags(start: BatchOffset, begins: dict[TopicPartition, int],
             processing_wm = now if processing_wm is None else max(processing_wm, now)
         watermark = marks[tp]
         watermark = None if watermark in (UNDEFINED, NO_PARTITIONS) else watermark
-        observed[tp] = PartitionRange(begin, ends[tp], state, PartitionLag(
+        observed[tp] = new_range(begin, ends[tp], state, new_lag(
             watermark, processing_wm, None if watermark is None else now - watermark,
             None if processing_wm is None else now - processing_wm, unread))
     return observed
@@ -336,15 +337,17 @@ class BatchPlanner:
             ends = {tp: min(end, self._target.get(tp, begins[tp])) for tp, end in ends.items()}
             ends = {tp: max(end, begins[tp]) for tp, end in ends.items()}
         now = now_ms()
-        ends, held = self._admit(begins, ends, states, limits, now, start)
+        ends, held, admitted_marks = self._admit(begins, ends, states, limits, now, start)
         available = sum(ends[tp] - begins[tp] for tp in ends)
         if available == 0 and not self.options.heartbeat:
             return None
         if available and self._held_back(limits, available, now):
             return None
         planned: dict[TopicPartition, PartitionState] = {}
+        marks: dict[TopicPartition, int] = {}
         for tp in sorted(ends):
-            base = states.get(tp) or PartitionState(last_read_ms=now)
+            folded = states.get(tp)
+            base = folded or PartitionState(last_read_ms=now)
             if available:
                 # Clock-driven generators (timelag) take the planning time into their state,
                 # hence into the offset: a replay sees the same time (DESIGN §13). The clock
@@ -355,8 +358,15 @@ class BatchPlanner:
             last_read = now if read else base.last_read_ms
             if base.last_read_ms != last_read or base.held != (tp in held):
                 base = base.updated(last_read_ms=last_read, held=tp in held)
-            planned[tp] = self._decide(tp, base, unread=latest[tp] - begins[tp], now=now)
-        marks = {tp: self.partition_watermark(state) for tp, state in planned.items()}
+            state = planned[tp] = self._decide(tp, base, unread=latest[tp] - begins[tp],
+                                               now=now)
+            # A partition's watermark is its generator's and its advance's: unchanged since
+            # _admit asked it unless the clock or an idle decision changed either.
+            if folded is not None and state.generator is folded.generator \
+                    and state.advanced_ms == folded.advanced_ms:
+                marks[tp] = admitted_marks[tp]
+            else:
+                marks[tp] = self.partition_watermark(state)
         counted = {tp: marks[tp] for tp, state in planned.items() if state.idle != idle.EXCLUDE}
         percentile = self.options.watermark.percentile
         watermark = emitted(previous, combined_watermark(list(counted.values()), percentile))
@@ -509,11 +519,13 @@ class BatchPlanner:
 
     def _admit(self, begins: dict[TopicPartition, int], ends: dict[TopicPartition, int],
                states: dict[TopicPartition, PartitionState], limits: ReadLimits, now: int,
-               start: BatchOffset) -> tuple[dict[TopicPartition, int], set[TopicPartition]]:
+               start: BatchOffset
+               ) -> tuple[dict[TopicPartition, int], set[TopicPartition], dict[TopicPartition, int]]:
         """What each partition may read this trigger (DESIGN §11): watermark alignment pauses
         the partitions too far ahead, then the read limit raises the lowest watermarks first,
         together, by each partition's pace in the batch that ended at ``start``, without
-        starving anyone. Returns the ends and the paused partitions."""
+        starving anyone. Returns the ends, the paused partitions and each partition's
+        watermark before this trigger."""
         marks, counted = {}, {}
         for tp in ends:
             state = states.get(tp) or PartitionState(last_read_ms=now)
@@ -535,7 +547,7 @@ class BatchPlanner:
                               fill_densities(read_densities(start, states,
                                                             self.lowest_events(start)),
                                              holders))
-        return ends, held
+        return ends, held, marks
 
     def _log_held(self, held: set[TopicPartition], marks: dict[TopicPartition, int],
                   readable: dict[TopicPartition, int], counted: dict[TopicPartition, bool]
