@@ -22,6 +22,8 @@ in the shortest of these forms:
   the same places (``maxEvent`` is ``gen.max_ts``, ``wm`` is ``gen.max_ts - bound - 1``);
 * ``{"else": v, "at": {"3": x}}``: ``v`` but for the partitions listed.
 
+(``kwatermark.offset_columns`` chooses a column's form and reads it back.)
+
 ``from`` is ``to - read``; a generator snapshot that is an object of scalars is split into one
 column per key (``genKeys``, and ``gen`` = 1 where a partition has such a snapshot, null where
 it is fresh); any other snapshot is kept whole in ``gen``. The lags that follow from the state
@@ -33,12 +35,17 @@ Layout 1 (kwatermark 0.1: ``{"v": 1, "watermark": W, "partitions": {"topic:p": {
 
 from __future__ import annotations
 
-import json
 import re
-from collections import Counter
 
-import numpy as np
-
+from kwatermark.offset_columns import (
+    OMIT,
+    SCALAR_TYPES,
+    SCALARS,
+    Column,
+    decode,
+    encode,
+    is_int,
+)
 from kwatermark.offsets import (
     BatchOffset,
     OffsetFormatError,
@@ -51,7 +58,6 @@ from kwatermark.offsets import (
 
 KEY = "@kwatermark"
 LAYOUT = 2
-_SEP = (",", ":")
 
 # column -> default; written in this order ("of" refers only to columns before it)
 _STATE_COLUMNS = ("read", "gen", "maxEvent", "advanced", "lastRead", "idle", "held", "lag",
@@ -60,9 +66,6 @@ _DEFAULTS = {"read": 0, "gen": None, "maxEvent": None, "advanced": None, "lastRe
              "idle": "count", "held": False, "lag": False, "wm": None, "procWm": None,
              "unread": None}
 _IDLE = ("count", "exclude", "advance")
-_SCALARS = (str, int, float, bool, type(None))
-_SCALAR_TYPES = frozenset(_SCALARS)
-_INT_TYPES = frozenset((int, type(None)))
 
 
 # -- writing ---------------------------------------------------------------------------
@@ -113,12 +116,12 @@ def _topic_columns(partitions: list[int], ranges: list[PartitionRange],
                             ("procLag", "processing_lag_ms")):
         values[name] = [None if r.lag is None else getattr(r.lag, attribute) for r in ranges]
     columns: dict = {}
-    written: dict[str, _Column] = {}
+    written: dict[str, Column] = {}
 
     def put(name: str, values: list) -> None:
-        column = _Column(values)
-        encoded = _encode(name, column, partitions, written)
-        if encoded is not _OMIT:
+        column = Column(values)
+        encoded = encode(column, partitions, written, _DEFAULTS.get(name, OMIT))
+        if encoded is not OMIT:
             columns[name] = encoded
         written[name] = column
 
@@ -138,8 +141,7 @@ def _topic_columns(partitions: list[int], ranges: list[PartitionRange],
     for name, base in (("eventLag", "wm"), ("procLag", "procWm")):
         derived = _lags(values[base], planned)
         if values[name] != derived:
-            columns[name] = _encode(name, _Column(values[name]), partitions, written,
-                                    omit=False)
+            columns[name] = encode(Column(values[name]), partitions, written)
     return columns
 
 
@@ -162,153 +164,9 @@ def _flat_keys(snapshots: list) -> list[str] | None:
             keys = snapshot.keys()
         elif snapshot.keys() != keys:   # as sets: one sort at the end, not one per partition
             return None
-    if not kinds <= _SCALAR_TYPES and not all(issubclass(k, _SCALARS) for k in kinds):
+    if not kinds <= SCALAR_TYPES and not all(issubclass(k, SCALARS) for k in kinds):
         return None
     return None if keys is None else sorted(keys)
-
-
-class _Omit:
-    pass
-
-
-_OMIT = _Omit()
-
-# Integers whose differences numpy computes exactly (int64); beyond, Python's ints do.
-_NUMPY_SAFE = 2 ** 62
-# Columns shorter than this stay Python lists: numpy's fixed cost per call is higher there.
-_NUMPY_FROM = 64
-
-
-class _Column:
-    """A column's values (one per partition, in partition order), their types, and, when
-    every value is a Python int small enough, the same as an int64 array: the forms that
-    compare whole columns (``of``/``plus``, differences, the most common value) are then
-    computed by numpy, not by a Python loop over thousands of partitions per column."""
-
-    def __init__(self, values: list):
-        self.values = values
-        self.kinds = set(map(type, values))
-        self._ints: np.ndarray | None | bool = False   # False: not computed yet
-
-    @property
-    def ints(self) -> np.ndarray | None:
-        if self._ints is False:
-            self._ints = None
-            if self.kinds == {int} and len(self.values) >= _NUMPY_FROM:
-                low, high = min(self.values), max(self.values)
-                if -_NUMPY_SAFE < low and high < _NUMPY_SAFE:
-                    self._ints = np.array(self.values, dtype=np.int64)
-        return self._ints
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _encode(name: str, col: _Column, partitions: list[int], written: dict[str, _Column],
-            omit: bool = True) -> object:
-    """The shortest form of ``col`` (see the module's docstring); ``_OMIT`` when every
-    value is the column's default. Deterministic in the values: a replayed batch writes the
-    same bytes. Many partitions take the forms that are short by construction without
-    measuring every candidate (this runs once per batch on the driver)."""
-    column = col.values
-    n = len(column)
-    kinds = col.kinds
-    scalar = kinds <= _SCALAR_TYPES
-    first = column[0]
-    if len(kinds) == 1 and column.count(first) == n:
-        default = _DEFAULTS.get(name, _OMIT)
-        if omit and first == default and type(first) is type(default):
-            return _OMIT
-        return first if scalar else {"all": first}
-    candidates: list = []
-    if kinds <= _INT_TYPES:
-        for other_name, other in written.items():
-            plus = _constant_difference(col, other)
-            if plus is not None:
-                candidates.append({"of": other_name, "plus": plus})
-        if candidates and n >= 32:
-            return min(candidates, key=lambda c: (len(c["of"]), c["of"]))
-    if scalar:
-        common, count = _most_common(col)
-        if count * 2 > n:
-            sparse = {"else": common, "at": {str(p): v for p, v in zip(partitions, column)
-                                             if not _same(v, common)}}
-            if n >= 32 and (n - count) * 8 <= n:
-                return sparse
-            candidates.append(sparse)
-    if kinds <= _INT_TYPES:
-        candidates.append({"d": _deltas(col)})
-    candidates.append(column)
-    return min(candidates, key=lambda c: len(json.dumps(c, separators=_SEP)))
-
-
-def _same(a: object, b: object) -> bool:
-    """Equal as JSON values: 1, 1.0 and True are equal in Python, not in JSON."""
-    return a == b and type(a) is type(b)
-
-
-def _most_common(col: _Column) -> tuple[object, int]:
-    """The most common value of a column of scalars and how often it occurs (the first
-    seen of the most common ones)."""
-    ints = col.ints
-    if ints is not None:
-        _, first_at, counts = np.unique(ints, return_index=True, return_counts=True)
-        top = counts.max()
-        at = first_at[counts == top].min()   # the first seen, as Counter.most_common
-        return col.values[at], int(top)
-    column = col.values
-    # Values told apart by type too (1, 1.0 and True are equal in Python, not in JSON).
-    tokens = column if len(col.kinds - {type(None)}) <= 1 else [(type(v), v) for v in column]
-    common, count = Counter(tokens).most_common(1)[0]
-    return column[tokens.index(common)], count
-
-
-def _deltas(col: _Column) -> list:
-    ints = col.ints
-    if ints is not None:
-        return np.diff(ints, prepend=0).tolist()
-    out, last = [], 0
-    for v in col.values:
-        if v is None:
-            out.append(None)
-        else:
-            out.append(v - last)
-            last = v
-    return out
-
-
-def _constant_difference(col: _Column, other: _Column) -> int | None:
-    column, values = col.values, other.values
-    if not values or not _is_int(column[0]) or not _is_int(values[0]):
-        return None   # a cheap first look: most columns are not
-    if len(column) != len(values):
-        return None
-    a, b = col.ints, other.ints
-    if a is not None and b is not None:
-        differences = a - b
-        plus = int(differences[0])
-        return plus if bool((differences == plus).all()) else None
-    if type(None) not in col.kinds and type(None) not in other.kinds:
-        plus = column[0] - values[0]
-        try:
-            same = all(type(o) is int and v - o == plus for v, o in zip(column, values))
-        except TypeError:
-            return None
-        return plus if same else None
-    plus = None
-    for v, o in zip(column, values):
-        if v is None or o is None:
-            if v is not None or o is not None:
-                return None
-            continue
-        if not _is_int(v) or not _is_int(o):
-            return None
-        if plus is None:
-            plus = v - o
-        elif v - o != plus:
-            return None
-    return plus
 
 
 # -- reading ---------------------------------------------------------------------------
@@ -387,7 +245,7 @@ def _topic_ranges(topic: str, numbered: list[tuple[int, int | None]], columns: d
     values: dict[str, list] = {}
     for name in order:
         if name in columns:
-            values[name] = _decode(topic, name, columns[name], partitions, values)
+            values[name] = decode(topic, name, columns[name], partitions, values)
         elif name in ("eventLag", "procLag"):
             continue
         else:
@@ -433,54 +291,10 @@ def _topic_ranges(topic: str, numbered: list[tuple[int, int | None]], columns: d
         yield (topic, partition), PartitionRange(end - read, end, state, lag)
 
 
-def _decode(topic: str, name: str, encoded: object, partitions: list[int],
-            values: dict[str, list]) -> list:
-    n = len(partitions)
-    where = f"offset: topic {topic!r}: column {name!r}"
-    if isinstance(encoded, list):
-        if len(encoded) != n:
-            raise OffsetFormatError(f"{where} has {len(encoded)} values for {n} partitions")
-        return encoded
-    if not isinstance(encoded, dict):
-        return [encoded] * n
-    if set(encoded) == {"all"}:
-        return [encoded["all"]] * n
-    if set(encoded) == {"d"}:
-        deltas = encoded["d"]
-        if not isinstance(deltas, list) or len(deltas) != n or not all(
-                d is None or _is_int(d) for d in deltas):
-            raise OffsetFormatError(f"{where}: 'd' must be {n} integers or nulls")
-        out, last = [], 0
-        for d in deltas:
-            if d is None:
-                out.append(None)
-            else:
-                last += d
-                out.append(last)
-        return out
-    if set(encoded) == {"of", "plus"}:
-        other, plus = encoded["of"], encoded["plus"]
-        if other not in values or not _is_int(plus):
-            raise OffsetFormatError(f"{where}: 'of' must name an earlier column and 'plus' be "
-                                    f"an integer")
-        if not all(v is None or _is_int(v) for v in values[other]):
-            raise OffsetFormatError(f"{where}: column {other!r} is not of integers")
-        return [None if v is None else v + plus for v in values[other]]
-    if set(encoded) == {"else", "at"} and isinstance(encoded["at"], dict):
-        out = [encoded["else"]] * n
-        index = {str(p): i for i, p in enumerate(partitions)}
-        for key, value in encoded["at"].items():
-            if key not in index:
-                raise OffsetFormatError(f"{where}: partition {key!r} has no offset")
-            out[index[key]] = value
-        return out
-    raise OffsetFormatError(f"{where}: cannot read {str(encoded)[:100]!r}")
-
-
 def _optional_int(where: str, name: str, value: object) -> int | None:
     if value is None:
         return None
-    if not _is_int(value):
+    if not is_int(value):
         raise OffsetFormatError(f"offset: {where}: {name} must be an integer, got {value!r}")
     return value
 

@@ -83,8 +83,9 @@ int kw_restart_lane(kw_reader *r, int lane, int64_t offset);
 void kw_take(kw_reader *r, int lane, kw_lane *out);
 /* The records of `n` lanes, one after another, as one set of buffers the caller frees with
  * kw_free; counts[i] = the records of lanes[i]. The lanes keep their buffers, emptied, for
- * their next records; one lane alone hands over its own buffers (kw_take). Returns 0, or -1 (nothing taken) when the records would overflow
- * Arrow's 32-bit offsets or memory runs out. */
+ * their next records; one lane alone hands over its own buffers (kw_take). Returns 0, or
+ * -1 (nothing taken) when the records would overflow Arrow's 32-bit offsets or memory runs
+ * out. */
 int kw_take_lanes(kw_reader *r, const int32_t *lanes, int n, kw_lane *out, int64_t *counts);
 /* Of the `n` lanes listed (a partition's lanes consecutive, in offset order), those to hand
  * over now into `ready`, returning their count: lanes holding records that hold `size` of

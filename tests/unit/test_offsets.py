@@ -160,7 +160,7 @@ def test_offset_round_trips_through_json(offset):
 
 
 # Columns of 64 partitions and more are compared as int64 arrays where they can be
-# (offset_layout._Column): values beside int64's range, nulls, equal runs and mixed types
+# (offset_columns.Column): values beside int64's range, nulls, equal runs and mixed types
 # must come back exactly.
 wide_ints = st.one_of(st.integers(-10**13, 10**13), st.integers(2**62 - 2, 2**62 + 2),
                       st.integers(-2**63 - 2, -2**63 + 2), st.integers(2**64, 2**64 + 2))
