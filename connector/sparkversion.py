@@ -1,8 +1,8 @@
 """Which pyspark is installed, and whether kwatermark runs on it (DESIGN §23).
 
-Read from the package metadata, without importing pyspark, so ``import kwatermark`` stays
-light and can say why it cannot run before Spark's discovery hides the reason behind
-``DATA_SOURCE_NOT_FOUND``.
+Read from the imported pyspark where there is one, else from the package metadata without
+importing pyspark, so ``import kwatermark`` stays light and can say why it cannot run before
+Spark's discovery hides the reason behind ``DATA_SOURCE_NOT_FOUND``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,17 @@ def version_tuple(text: str) -> tuple[int, int, int]:
 
 
 def installed() -> str | None:
-    """The installed pyspark's version, or None when there is none."""
+    """The running pyspark's version, or None when there is none.
+
+    Where pyspark is already imported — always in Spark's Python workers and in the process
+    that plans a Python stream — its own ``__version__`` says which one runs. Those processes
+    import it from Spark's ``pyspark.zip``, which has no package metadata: a Spark
+    distribution's executors may have no pip-installed pyspark to find, or another version,
+    and the lookup walked every archive on the path (0.18 s of each query's start, measured
+    in the streaming-source runner)."""
+    version = getattr(sys.modules.get("pyspark"), "__version__", None)
+    if isinstance(version, str):
+        return version
     try:
         return metadata.version("pyspark")
     except metadata.PackageNotFoundError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -28,7 +29,6 @@ def test_others_are_told_the_installed_version_and_the_supported_range(version, 
 def run(code: str, path_first: str | None = None) -> subprocess.CompletedProcess:
     env = None
     if path_first is not None:
-        import os
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (path_first, os.environ.get("PYTHONPATH")) if p)}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -45,6 +45,26 @@ def test_import_kwatermark_beside_pyspark_3_names_both_versions(tmp_path):
     assert ("ImportError: kwatermark does not run on the installed pyspark 3.5.3 (Python "
             "streaming data sources came with Spark 4.0); it supports pyspark 4.0 or later, "
             "below 5 (pyspark>=4.0,<5)") in done.stderr
+
+
+def test_the_running_pyspark_wins_over_the_package_metadata(tmp_path):
+    # Spark's Python workers and its stream planner import pyspark from Spark's own
+    # pyspark.zip, which carries no package metadata; what metadata finds (here a stale
+    # pyspark 3.5.3 first on the path) is not the pyspark that runs.
+    import pyspark
+
+    info = tmp_path / "pyspark-3.5.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pyspark\nVersion: 3.5.3\n")
+    spark_zip = os.path.join(os.path.dirname(pyspark.__file__), "python", "lib", "pyspark.zip")
+    done = run(f"import sys\n"
+               f"sys.path.insert(0, {spark_zip!r})\n"
+               f"import pyspark\n"
+               f"assert pyspark.__file__.startswith({spark_zip!r}), pyspark.__file__\n"
+               f"import kwatermark.sparkversion as v\n"
+               f"print(v.installed())\n", path_first=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == pyspark.__version__
 
 
 def test_a_source_that_cannot_load_is_still_discovered_and_says_why():
