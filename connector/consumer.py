@@ -46,8 +46,13 @@ MAX_CONSUME = 10_000
 ATTEMPT_S = 5.0
 # Partitions per offsets_for_times call. librdkafka's handling of a ListOffsets grows faster
 # than its partitions: one call for 4,096 took 67-78 ms, eight calls of 512 one after
-# another 29-44 ms; 2,048: 21 -> 13 ms; 512 alone 4 ms (the project's Apache Kafka).
-OFFSETS_CHUNK = 512
+# another 29-44 ms; 2,048: 21 -> 13 ms; 512 alone 4 ms (the project's Apache Kafka). Calls
+# of 256 against 512 (bench/offsets_chunks.py, 2026-11-28, medians of 15 rotated rounds):
+# 4,096 partitions 15.2 ms wall and 9.7 ms of process CPU against 18.0 and 13.7; 2,048
+# 6.9/4.7 against 8.9/7.0; 512 1.8/1.1 against 2.3/1.7. Calls of 128 took a little less
+# CPU still (8.1 ms at 4,096) and the same wall on loopback, with twice the round trips a
+# broker across a network makes each pay.
+OFFSETS_CHUNK = 256
 
 
 def open_consumer(options: SourceOptions, remaining: int, partitions: int = 1) -> Consumer:
