@@ -19,13 +19,17 @@ from kwatermark.range_end import Stall
 from kwatermark.rdkafka_log import librdkafka_logger
 
 # librdkafka's prefetch doubles consume throughput (DESIGN §9), but past the range's end it
-# only wastes memory and bandwidth: cap it at what the task still has to read. Whenever the
+# only wastes memory, bandwidth and CPU: cap it by what the task still has to read
+# (prefetch). Whenever the
 # local queue holds queued.min.messages, or a fetch decision finds nothing to do yet,
 # librdkafka waits fetch.queue.backoff.ms before fetching again (1 s by default since 2.4).
 # 1 ms keeps a 100k queue at full speed, a worker's memory flat, and a task's first records
 # arriving at once (bench/README.md: a 1-record task 1,005 ms -> 13 ms at 10 ms -> 3 ms at
 # 1 ms; 5M-record range RSS growth 165 MB -> 3 MB; CPU per record not higher).
 MAX_PREFETCH_MESSAGES = 100_000
+# A task's prefetch: an eighth of its records per partition, at least 8,192 (prefetch).
+PREFETCH_SHARE = 8
+PREFETCH_FLOOR = 8192
 # The most a pack's consumer fetches per request (pack_fetch_bytes).
 PACK_FETCH_MAX_BYTES = 8 << 20
 FETCH_QUEUE_BACKOFF_MS = 1
@@ -99,11 +103,21 @@ def _power_of_two(n: int) -> int:
 
 
 def prefetch(remaining: int) -> int:
-    """``queued.min.messages`` for a task with ``remaining`` records in a partition: the next
-    power of two, so that successive micro-batches of a steady stream ask for the same
-    configuration and a worker's kept consumer serves them (kwatermark.compiled._Clients);
-    at most ``MAX_PREFETCH_MESSAGES``."""
-    return min(_power_of_two(remaining), MAX_PREFETCH_MESSAGES)
+    """``queued.min.messages`` for a task with ``remaining`` records in a partition: an
+    eighth of them (``PREFETCH_SHARE``), at least ``PREFETCH_FLOOR`` or all of them where
+    they are fewer, counted up to the next power of two, so that successive micro-batches of
+    a steady stream ask for the same configuration and a worker's kept consumer serves them
+    (kwatermark.compiled._Clients); at most ``MAX_PREFETCH_MESSAGES``.
+
+    librdkafka keeps the queue refilled to that many as the task consumes, so when the range
+    ends before the log does, what is queued at its end was fetched, parsed and allocated
+    for nothing (and the next micro-batch's task fetches it again): with the whole range as
+    the prefetch, up to twice the records. 62,500-record ranges of a backlog
+    (``bench/profile_pack.py --per-batch 250000``) took 0.16 s of task CPU per batch with
+    65,536 and 0.12 with 8,192, the read as fast; ranges ending at the log's end, where
+    nothing is wasted, were no slower (bench/README.md, "Prefetch past a range's end")."""
+    ahead = max(min(remaining, PREFETCH_FLOOR), -(-remaining // PREFETCH_SHARE))
+    return min(_power_of_two(ahead), MAX_PREFETCH_MESSAGES)
 
 
 def pack_fetch_bytes(conf: dict, partitions: int) -> int:

@@ -236,6 +236,30 @@ def test_a_pack_fetches_per_request_its_partitions_worth_up_to_8_mb():
                              "message.max.bytes": "100000"}, 2) == 131_072
 
 
+def test_a_task_prefetches_an_eighth_of_its_range_not_past_it():
+    """librdkafka refills its queue to queued.min.messages as the task consumes: what is
+    queued when a range ends before the log does was fetched for nothing. Small ranges
+    prefetch all they read; larger ones an eighth (at least 8,192), a power of two so a
+    steady stream's tasks share a kept consumer; never more than 100,000. A user's
+    kafka.queued.min.messages wins."""
+    from kwatermark.consumer import prefetch, task_conf
+
+    assert [prefetch(n) for n in (1, 2, 100, 5_000, 8_192)] == [1, 2, 128, 8_192, 8_192]
+    assert prefetch(62_500) == 8_192            # was 65,536: a whole range past the end
+    assert prefetch(250_000) == 32_768
+    assert prefetch(500_000) == 65_536
+    assert prefetch(1_000_000) == prefetch(10**9) == 100_000
+    sizes = range(1, 2_000_000, 997)
+    assert all(prefetch(a) <= prefetch(b) for a, b in zip(sizes, sizes[1:]))
+    assert all(prefetch(n) & (prefetch(n) - 1) == 0 or prefetch(n) == 100_000 for n in sizes)
+    assert all(prefetch(n) >= min(n, 8_192) for n in sizes)
+    options = parse_options({"kafka.bootstrap.servers": "b:9092", "subscribe": "t"})
+    assert task_conf(options, 62_500)["queued.min.messages"] == 8_192
+    mine = parse_options({"kafka.bootstrap.servers": "b:9092", "subscribe": "t",
+                          "kafka.queued.min.messages": "500"})
+    assert task_conf(mine, 62_500)["queued.min.messages"] == "500"
+
+
 def test_a_tasks_consumer_does_not_hold_a_fetch_at_the_log_end_unless_asked():
     """A worker's next task reads with the kept consumer, behind the Fetch its last task left
     at the log's end: the broker holds that one only 5 ms, not librdkafka's 500, unless the
