@@ -20,7 +20,7 @@ import statistics
 import time
 
 import common
-from confluent_kafka import OFFSET_END, Consumer
+from confluent_kafka import OFFSET_END, Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
 
@@ -41,7 +41,7 @@ def ready(consumer: Consumer, tps: list[KafkaTP]) -> None:
             for i in range(0, len(tps), 256):
                 consumer.offsets_for_times(tps[i:i + 256], 30)
             return
-        except Exception:  # noqa: BLE001 - leaders still being elected
+        except KafkaException:   # leaders still being elected
             if time.monotonic() > deadline:
                 raise
             time.sleep(1)

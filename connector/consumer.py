@@ -115,7 +115,7 @@ def prefetch(remaining: int) -> int:
     the prefetch, up to twice the records. 62,500-record ranges of a backlog
     (``bench/profile_pack.py --per-batch 250000``) took 0.16 s of task CPU per batch with
     65,536 and 0.12 with 8,192, the read as fast; ranges ending at the log's end, where
-    nothing is wasted, were no slower (bench/README.md, "Prefetch past a range's end")."""
+    nothing is wasted, were no slower (bench/README.md, "Where a stream's CPU goes, by process")."""
     ahead = max(min(remaining, PREFETCH_FLOOR), -(-remaining // PREFETCH_SHARE))
     return min(_power_of_two(ahead), MAX_PREFETCH_MESSAGES)
 

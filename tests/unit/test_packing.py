@@ -4,6 +4,7 @@ range."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -250,7 +251,7 @@ def test_a_task_prefetches_an_eighth_of_its_range_not_past_it():
     assert prefetch(500_000) == 65_536
     assert prefetch(1_000_000) == prefetch(10**9) == 100_000
     sizes = range(1, 2_000_000, 997)
-    assert all(prefetch(a) <= prefetch(b) for a, b in zip(sizes, sizes[1:]))
+    assert all(prefetch(a) <= prefetch(b) for a, b in itertools.pairwise(sizes))
     assert all(prefetch(n) & (prefetch(n) - 1) == 0 or prefetch(n) == 100_000 for n in sizes)
     assert all(prefetch(n) >= min(n, 8_192) for n in sizes)
     options = parse_options({"kafka.bootstrap.servers": "b:9092", "subscribe": "t"})
