@@ -83,9 +83,12 @@ def summarise(runs: list[dict]) -> dict:
         for source in dict.fromkeys(r["source"] for r in mine):
             measured = [r for r in mine if r["source"] == source]
             brokers = [r["broker_cpu_us"] for r in measured if r["broker_cpu_us"] is not None]
+            splits = [r["client_cpu_split_us"] for r in measured if "client_cpu_split_us" in r]
             entry[source] = {
                 "records_per_s": median([r["records_per_s"] for r in measured]),
                 "client_cpu_us": median([r["client_cpu_us"] for r in measured]),
+                "client_cpu_split_us": {kind: median([s[kind] for s in splits])
+                                        for kind in (splits[0] if splits else {})},
                 "broker_cpu_us": median(brokers) if brokers else None,
             }
             if source != "kafka":
@@ -116,6 +119,10 @@ def report(summary: dict, results: dict) -> None:
             rounds = ", ".join(f"{x:.2f}" for x in e.get("wall_ratio_per_round", []))
             print(f"     {source:<15}{e['records_per_s']:>12,.0f}{e['client_cpu_us']:>15.2f}"
                   f"{broker:>15}{ratio:>14}{cpu:>13}  {rounds}")
+        for source, e in entry.items():   # where the client's CPU went (medians)
+            split = ", ".join(f"{kind} {us:.2f}"
+                              for kind, us in e.get("client_cpu_split_us", {}).items())
+            print(f"     {source:<15}client us/rec by process: {split}")
 
 
 def main(argv: list[str] | None = None) -> int:

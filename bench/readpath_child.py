@@ -28,18 +28,27 @@ COLUMNS = ["key", "value", "partition", "offset", "timestamp"]
 STEADY = 0.10   # two successive warm-up reads within 10 % of each other
 
 
-def tree_cpu_s() -> float:
-    """CPU seconds of this process and every descendant (the driver JVM, Python workers),
-    with the children they have reaped."""
+def tree_cpu_split() -> dict[str, float]:
+    """CPU seconds of this process and every descendant, by kind: ``jvm`` the driver JVM's
+    own threads; ``jvm_exited`` what the JVM reaped from children that exited (the process
+    Spark starts to plan a Python stream, which lives as long as the query; Hadoop's
+    ``chmod`` of each checkpoint file); ``python`` the live Python workers and what they
+    reaped; ``driver`` this process."""
     me = psutil.Process()
-    total = 0.0
+    split = dict.fromkeys(("driver", "jvm", "jvm_exited", "python"), 0.0)
     for proc in [me, *me.children(recursive=True)]:
         try:
             t = proc.cpu_times()
+            java = proc.pid != me.pid and "java" in proc.name()
         except psutil.Error:
             continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+        own, reaped = t.user + t.system, t.children_user + t.children_system
+        if java:
+            split["jvm"] += own
+            split["jvm_exited"] += reaped
+        else:
+            split["driver" if proc.pid == me.pid else "python"] += own + reaped
+    return split
 
 
 def broker_cpu_s(pid: int | None) -> float | None:
@@ -64,7 +73,7 @@ def one_read(spark, request: dict, topic: dict, source: str) -> dict:
     if fmt == "kwatermark":
         options["watermark.stateLocation"] = fresh(request["workspace"], "ledger")
     limit = request.get("max_offsets_per_trigger")
-    cpu0, broker0 = tree_cpu_s(), broker_cpu_s(request["broker_pid"])
+    cpu0, broker0 = tree_cpu_split(), broker_cpu_s(request["broker_pid"])
     started = time.perf_counter()
     if limit is None:   # a batch read
         spark.read.format(fmt).options(**options).load().select(*COLUMNS).write \
@@ -82,10 +91,12 @@ def one_read(spark, request: dict, topic: dict, source: str) -> dict:
         if read != topic["records"]:
             raise RuntimeError(f"{source}: read {read} of {topic['records']} records")
     seconds = time.perf_counter() - started
-    cpu1, broker1 = tree_cpu_s(), broker_cpu_s(request["broker_pid"])
+    cpu1, broker1 = tree_cpu_split(), broker_cpu_s(request["broker_pid"])
     n = topic["records"]
+    split = {kind: (cpu1[kind] - cpu0[kind]) / n * 1e6 for kind in cpu0}
     return {"source": source, "partitions": topic["partitions"], "seconds": seconds,
-            "records_per_s": n / seconds, "client_cpu_us": (cpu1 - cpu0) / n * 1e6,
+            "records_per_s": n / seconds, "client_cpu_us": sum(split.values()),
+            "client_cpu_split_us": split,
             "broker_cpu_us": None if broker0 is None else (broker1 - broker0) / n * 1e6,
             "load_avg": os.getloadavg()[0]}
 
