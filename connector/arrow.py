@@ -116,17 +116,23 @@ def kafka_columns_of(layout: OutputLayout, blocks: list) -> list[pa.Array]:
         np.repeat(np.array([p for _, p, _ in parts], dtype=np.int32), lengths),
         np.repeat(np.array([index[t] for t, _, _ in parts], dtype=np.int32), lengths),
         _joined([b.keys for b in blocks]), _joined([b.values for b in blocks]),
-        np.concatenate([b.offsets for b in blocks]),
-        np.concatenate([b.timestamps_ms for b in blocks]),
-        np.concatenate([b.timestamp_types for b in blocks]),
+        _joined([b.offsets for b in blocks]),
+        _joined([b.timestamps_ms for b in blocks]),
+        _joined([b.timestamp_types for b in blocks]),
         _joined([b.headers for b in blocks]) if layout.include_headers else None)
 
 
-def _joined(columns: list) -> list | pa.Array:
-    """Blocks' columns one after another: Python lists (the Python engine) or Arrow arrays
-    (the compiled engine, kwatermark.compiled)."""
+def _joined(columns: list) -> list | pa.Array | np.ndarray:
+    """Blocks' columns one after another: Python lists (the Python engine), Arrow arrays (the
+    compiled engine, kwatermark.compiled) or numpy arrays. One column is itself, not a copy:
+    a compiled block of several ranges (``parts``) comes alone, and concatenating it alone
+    copied every key and value once more."""
+    if len(columns) == 1:
+        return columns[0]
     if isinstance(columns[0], pa.Array):
         return pa.concat_arrays(columns)
+    if isinstance(columns[0], np.ndarray):
+        return np.concatenate(columns)
     return [item for column in columns for item in column]
 
 
