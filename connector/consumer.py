@@ -20,9 +20,9 @@ from kwatermark.rdkafka_log import librdkafka_logger
 
 # librdkafka's prefetch doubles consume throughput (DESIGN §9), but past the range's end it
 # only wastes memory, bandwidth and CPU: cap it by what the task still has to read
-# (prefetch). Whenever the
-# local queue holds queued.min.messages, or a fetch decision finds nothing to do yet,
-# librdkafka waits fetch.queue.backoff.ms before fetching again (1 s by default since 2.4).
+# (prefetch). Whenever the local queue holds queued.min.messages, or a fetch decision finds
+# nothing to do yet, librdkafka waits fetch.queue.backoff.ms before fetching again (1 s by
+# default since 2.4).
 # 1 ms keeps a 100k queue at full speed, a worker's memory flat, and a task's first records
 # arriving at once (bench/README.md: a 1-record task 1,005 ms -> 13 ms at 10 ms -> 3 ms at
 # 1 ms; 5M-record range RSS growth 165 MB -> 3 MB; CPU per record not higher).
