@@ -23,6 +23,8 @@ import common
 from confluent_kafka import OFFSET_END, Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
+from kwatermark.consumer import chunked_offsets
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -38,8 +40,7 @@ def ready(consumer: Consumer, tps: list[KafkaTP]) -> None:
     deadline = time.monotonic() + 120
     while True:
         try:
-            for i in range(0, len(tps), 256):
-                consumer.offsets_for_times(tps[i:i + 256], 30)
+            chunked_offsets(consumer, tps, 30)
             return
         except KafkaException:   # leaders still being elected
             if time.monotonic() > deadline:
