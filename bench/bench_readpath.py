@@ -73,34 +73,45 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def summarise(runs: list[dict]) -> dict:
+    """Per partition count and source: the whole reads' medians and ratios, and for streams
+    the same after each stream's first micro-batch (``after_first_batch``)."""
     summary: dict = {}
     for partitions in sorted({r["partitions"] for r in runs}):
         mine = [r for r in runs if r["partitions"] == partitions]
-        rounds: dict = {}
-        for r in mine:
-            rounds.setdefault(r["round"], {})[r["source"]] = r
-        entry: dict = {}
-        for source in dict.fromkeys(r["source"] for r in mine):
-            measured = [r for r in mine if r["source"] == source]
-            brokers = [r["broker_cpu_us"] for r in measured if r["broker_cpu_us"] is not None]
-            splits = [r["client_cpu_split_us"] for r in measured if "client_cpu_split_us" in r]
-            entry[source] = {
-                "records_per_s": median([r["records_per_s"] for r in measured]),
-                "client_cpu_us": median([r["client_cpu_us"] for r in measured]),
-                "client_cpu_split_us": {kind: median([s[kind] for s in splits])
-                                        for kind in (splits[0] if splits else {})},
-                "broker_cpu_us": median(brokers) if brokers else None,
-            }
-            if source != "kafka":
-                per_round = [r["kafka"]["seconds"] / r[source]["seconds"]
-                             for r in rounds.values() if "kafka" in r and source in r]
-                cpu = [r[source]["client_cpu_us"] / r["kafka"]["client_cpu_us"]
-                       for r in rounds.values() if "kafka" in r and source in r]
-                entry[source].update({"wall_ratio_per_round": per_round,
-                                      "wall_ratio": median(per_round),
-                                      "cpu_ratio_per_round": cpu, "cpu_ratio": median(cpu)})
+        entry = summarise_reads(mine)
+        steady = [{**r["after_first_batch"], "source": r["source"], "round": r["round"]}
+                  for r in mine if "after_first_batch" in r]
+        if steady:
+            entry["after_first_batch"] = summarise_reads(steady)
         summary[f"{partitions}p"] = entry
     return summary
+
+
+def summarise_reads(mine: list[dict]) -> dict:
+    rounds: dict = {}
+    for r in mine:
+        rounds.setdefault(r["round"], {})[r["source"]] = r
+    entry: dict = {}
+    for source in dict.fromkeys(r["source"] for r in mine):
+        measured = [r for r in mine if r["source"] == source]
+        brokers = [r["broker_cpu_us"] for r in measured if r["broker_cpu_us"] is not None]
+        splits = [r["client_cpu_split_us"] for r in measured if "client_cpu_split_us" in r]
+        entry[source] = {
+            "records_per_s": median([r["records_per_s"] for r in measured]),
+            "client_cpu_us": median([r["client_cpu_us"] for r in measured]),
+            "client_cpu_split_us": {kind: median([s[kind] for s in splits])
+                                    for kind in (splits[0] if splits else {})},
+            "broker_cpu_us": median(brokers) if brokers else None,
+        }
+        if source != "kafka":
+            per_round = [r[source]["records_per_s"] / r["kafka"]["records_per_s"]
+                         for r in rounds.values() if "kafka" in r and source in r]
+            cpu = [r[source]["client_cpu_us"] / r["kafka"]["client_cpu_us"]
+                   for r in rounds.values() if "kafka" in r and source in r]
+            entry[source].update({"wall_ratio_per_round": per_round,
+                                  "wall_ratio": median(per_round),
+                                  "cpu_ratio_per_round": cpu, "cpu_ratio": median(cpu)})
+    return entry
 
 
 def report(summary: dict, results: dict) -> None:
@@ -110,19 +121,27 @@ def report(summary: dict, results: dict) -> None:
           f"{results.get('load_avg_before')} before, {results.get('load_avg_after')} after "
           f"(a shared machine: figures move with the load)")
     for label, entry in summary.items():
-        print(f"{label}: {'source':<15}{'records/s':>12}{'client us/rec':>15}"
-              f"{'broker us/rec':>15}{'wall x kafka':>14}{'cpu x kafka':>13}  per-round wall")
-        for source, e in entry.items():
-            broker = "-" if e["broker_cpu_us"] is None else f"{e['broker_cpu_us']:.2f}"
-            ratio = f"{e['wall_ratio']:.2f}" if "wall_ratio" in e else "1"
-            cpu = f"{e['cpu_ratio']:.2f}" if "cpu_ratio" in e else "1"
-            rounds = ", ".join(f"{x:.2f}" for x in e.get("wall_ratio_per_round", []))
-            print(f"     {source:<15}{e['records_per_s']:>12,.0f}{e['client_cpu_us']:>15.2f}"
-                  f"{broker:>15}{ratio:>14}{cpu:>13}  {rounds}")
-        for source, e in entry.items():   # where the client's CPU went (medians)
-            split = ", ".join(f"{kind} {us:.2f}"
-                              for kind, us in e.get("client_cpu_split_us", {}).items())
-            print(f"     {source:<15}client us/rec by process: {split}")
+        report_reads(label, {k: v for k, v in entry.items() if k != "after_first_batch"})
+        if "after_first_batch" in entry:
+            report_reads(f"{label}, after each stream's first micro-batch",
+                         entry["after_first_batch"])
+
+
+def report_reads(label: str, entry: dict) -> None:
+    print(f"{label}:")
+    print(f"     {'source':<15}{'records/s':>12}{'client us/rec':>15}"
+          f"{'broker us/rec':>15}{'wall x kafka':>14}{'cpu x kafka':>13}  per-round wall")
+    for source, e in entry.items():
+        broker = "-" if e["broker_cpu_us"] is None else f"{e['broker_cpu_us']:.2f}"
+        ratio = f"{e['wall_ratio']:.2f}" if "wall_ratio" in e else "1"
+        cpu = f"{e['cpu_ratio']:.2f}" if "cpu_ratio" in e else "1"
+        rounds = ", ".join(f"{x:.2f}" for x in e.get("wall_ratio_per_round", []))
+        print(f"     {source:<15}{e['records_per_s']:>12,.0f}{e['client_cpu_us']:>15.2f}"
+              f"{broker:>15}{ratio:>14}{cpu:>13}  {rounds}")
+    for source, e in entry.items():   # where the client's CPU went (medians)
+        split = ", ".join(f"{kind} {us:.2f}"
+                          for kind, us in e.get("client_cpu_split_us", {}).items())
+        print(f"     {source:<15}client us/rec by process: {split}")
 
 
 def main(argv: list[str] | None = None) -> int:

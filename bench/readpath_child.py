@@ -30,22 +30,27 @@ STEADY = 0.10   # two successive warm-up reads within 10 % of each other
 
 def tree_cpu_split() -> dict[str, float]:
     """CPU seconds of this process and every descendant, by kind: ``jvm`` the driver JVM's
-    own threads; ``jvm_exited`` what the JVM reaped from children that exited (the process
-    Spark starts to plan a Python stream, which lives as long as the query; Hadoop's
-    ``chmod`` of each checkpoint file); ``python`` the live Python workers and what they
-    reaped; ``driver`` this process."""
+    own threads; ``jvm_exited`` the JVM's other children, live or reaped: the process Spark
+    starts to plan a Python stream (it lives as long as the query; counted here while it
+    runs, so a figure taken mid-query does not move when it exits) and Hadoop's ``chmod``
+    of each checkpoint file; ``python`` the Python workers (``pyspark.daemon`` and its
+    forks) and what they reaped; ``driver`` this process."""
     me = psutil.Process()
     split = dict.fromkeys(("driver", "jvm", "jvm_exited", "python"), 0.0)
     for proc in [me, *me.children(recursive=True)]:
         try:
             t = proc.cpu_times()
             java = proc.pid != me.pid and "java" in proc.name()
+            planner = (proc.pid != me.pid and not java
+                       and "pyspark.daemon" not in " ".join(proc.cmdline()))
         except psutil.Error:
             continue
         own, reaped = t.user + t.system, t.children_user + t.children_system
         if java:
             split["jvm"] += own
             split["jvm_exited"] += reaped
+        elif planner:
+            split["jvm_exited"] += own + reaped
         else:
             split["driver" if proc.pid == me.pid else "python"] += own + reaped
     return split
@@ -74,7 +79,7 @@ def one_read(spark, request: dict, topic: dict, source: str) -> dict:
         options["watermark.stateLocation"] = fresh(request["workspace"], "ledger")
     limit = request.get("max_offsets_per_trigger")
     cpu0, broker0 = tree_cpu_split(), broker_cpu_s(request["broker_pid"])
-    started = time.perf_counter()
+    started, mark = time.perf_counter(), None
     if limit is None:   # a batch read
         spark.read.format(fmt).options(**options).load().select(*COLUMNS).write \
             .format("noop").mode("overwrite").save()
@@ -84,21 +89,48 @@ def one_read(spark, request: dict, topic: dict, source: str) -> dict:
             .writeStream.format("noop") \
             .option("checkpointLocation", fresh(request["workspace"], "checkpoint")) \
             .trigger(availableNow=True).start()
+        mark = first_batch_done(query, request)
         query.awaitTermination()
         if query.exception() is not None:
             raise RuntimeError(f"{source}: {query.exception()}")
         read = sum(p.numInputRows for p in query.recentProgress)
         if read != topic["records"]:
             raise RuntimeError(f"{source}: read {read} of {topic['records']} records")
-    seconds = time.perf_counter() - started
+    ended = time.perf_counter()
     cpu1, broker1 = tree_cpu_split(), broker_cpu_s(request["broker_pid"])
-    n = topic["records"]
+    got = {"source": source, "partitions": topic["partitions"],
+           **figures(topic["records"], ended - started, (cpu0, broker0), (cpu1, broker1)),
+           "load_avg": os.getloadavg()[0]}
+    if limit is not None and mark is not None:   # the stream after its first micro-batch
+        n = topic["records"] - mark["records"]
+        got["after_first_batch"] = {
+            "records": n, **figures(n, ended - mark["at"], mark["cpu"], (cpu1, broker1))}
+    return got
+
+
+def first_batch_done(query, request: dict) -> dict | None:
+    """Once the stream's first micro-batch has ended: the time, the process tree's and the
+    broker's CPU, and the records read so far. What comes after is the stream's steady
+    state: the query's start (Spark's planning process for a Python source compiles pyspark
+    from ``pyspark.zip``, ~1 s of CPU; the JVM plans the first batch) is paid once in a
+    query that runs for days. Polls every 20 ms until then."""
+    while query.isActive:
+        progress = query.recentProgress
+        if progress:
+            return {"at": time.perf_counter(),
+                    "cpu": (tree_cpu_split(), broker_cpu_s(request["broker_pid"])),
+                    "records": sum(p.numInputRows for p in progress)}
+        time.sleep(0.02)
+    return None
+
+
+def figures(n: int, seconds: float, before: tuple, after: tuple) -> dict:
+    """Wall and CPU per record of ``n`` records between two (tree split, broker) samples."""
+    (cpu0, broker0), (cpu1, broker1) = before, after
     split = {kind: (cpu1[kind] - cpu0[kind]) / n * 1e6 for kind in cpu0}
-    return {"source": source, "partitions": topic["partitions"], "seconds": seconds,
-            "records_per_s": n / seconds, "client_cpu_us": sum(split.values()),
-            "client_cpu_split_us": split,
-            "broker_cpu_us": None if broker0 is None else (broker1 - broker0) / n * 1e6,
-            "load_avg": os.getloadavg()[0]}
+    return {"seconds": seconds, "records_per_s": n / seconds,
+            "client_cpu_us": sum(split.values()), "client_cpu_split_us": split,
+            "broker_cpu_us": None if broker0 is None else (broker1 - broker0) / n * 1e6}
 
 
 def main() -> None:
