@@ -9,7 +9,9 @@ successive warm-up reads differ by under 10 % (at least ``--min-warm``, default 
 steady state. Then ``--rounds`` interleaved rounds (each starting with another source).
 Printed: per-round wall-time ratios (kwatermark's speed / format("kafka")'s, > 1: kwatermark
 faster), their median, and the median CPU µs per record of the client's process tree (the
-driver, its JVM, the Python workers) and of the broker (when started here).
+driver, its JVM, the Python workers) and of the broker (when started here); for a stream,
+the same again from the end of its first micro-batch (the query's start is paid once in a
+stream that runs for days).
 
 Run: ``python bench/bench_readpath.py`` (1M records, 4 partitions, 5 rounds);
 ``--partitions 4,16,64``; ``--max-offsets-per-trigger 250000`` reads each source as an
