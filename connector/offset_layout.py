@@ -44,7 +44,6 @@ from kwatermark.offset_columns import (
     Column,
     decode,
     encode,
-    is_int,
 )
 from kwatermark.offsets import (
     BatchOffset,
@@ -52,6 +51,7 @@ from kwatermark.offsets import (
     PartitionLag,
     PartitionRange,
     PartitionState,
+    optional_int,
     parse_tp_key,
     tp_key,
 )
@@ -192,7 +192,7 @@ def _from_layout_2(data: dict) -> BatchOffset:
     if version != LAYOUT:
         raise OffsetFormatError(f"offset: layout {version!r} is not supported by this "
                                 f"kwatermark (reads 1 and {LAYOUT})")
-    planned = _optional_int("offset", "plannedAt", own.get("plannedAt"))
+    planned = optional_int("offset", "plannedAt", own.get("plannedAt"))
     topics = own.get("topics", {})
     if not isinstance(topics, dict):
         raise OffsetFormatError(f"offset: topics must be an object, got {topics!r}")
@@ -211,7 +211,7 @@ def _from_layout_2(data: dict) -> BatchOffset:
             if not re.fullmatch(r"[0-9]+", key):
                 raise OffsetFormatError(f"offset: topic {topic!r}: partition {key!r} is not "
                                         f"a number")
-            numbered.append((int(key), _optional_int(f"{topic}:{key}", "offset", end)))
+            numbered.append((int(key), optional_int(f"{topic}:{key}", "offset", end)))
         numbered.sort()
         columns = topics.get(topic, {})
         if not isinstance(columns, dict):
@@ -224,7 +224,7 @@ def _from_layout_2(data: dict) -> BatchOffset:
     holder = own.get("holder")
     if holder is not None and not isinstance(holder, str):
         raise OffsetFormatError(f"offset: holder must be 'topic:partition', got {holder!r}")
-    return BatchOffset(_optional_int("offset", "watermark", own.get("watermark")), partitions,
+    return BatchOffset(optional_int("offset", "watermark", own.get("watermark")), partitions,
                        heartbeat, planned, parse_tp_key(holder) if holder is not None else None)
 
 
@@ -254,11 +254,11 @@ def _topic_ranges(topic: str, numbered: list[tuple[int, int | None]], columns: d
     for name, mark in base.items():
         if name not in values:
             for partition, value in zip(partitions, values[mark]):
-                _optional_int(f"{topic}:{partition}", mark, value)
+                optional_int(f"{topic}:{partition}", mark, value)
             values[name] = _lags(values[mark], planned)
     for i, (partition, end) in enumerate(numbered):
         where = f"{topic}:{partition}"
-        read = _optional_int(where, "read", values["read"][i])
+        read = optional_int(where, "read", values["read"][i])
         if end is None or read is None or read < 0 or read > end:
             raise OffsetFormatError(f"offset: {where}: invalid range to={end} read={read}")
         if keys is not None:
@@ -279,24 +279,16 @@ def _topic_ranges(topic: str, numbered: list[tuple[int, int | None]], columns: d
         has_lag = values["lag"][i]
         if not isinstance(has_lag, bool):
             raise OffsetFormatError(f"offset: {where}: lag must be true or false")
-        last_read = _optional_int(where, "lastRead", values["lastRead"][i])
+        last_read = optional_int(where, "lastRead", values["lastRead"][i])
         state = PartitionState(
             generator=generator,
-            max_event_ms=_optional_int(where, "maxEvent", values["maxEvent"][i]),
-            advanced_ms=_optional_int(where, "advanced", values["advanced"][i]),
+            max_event_ms=optional_int(where, "maxEvent", values["maxEvent"][i]),
+            advanced_ms=optional_int(where, "advanced", values["advanced"][i]),
             last_read_ms=0 if last_read is None else last_read, idle=idle, held=held)
-        lag = PartitionLag(*(_optional_int(where, name, values[name][i]) for name in
+        lag = PartitionLag(*(optional_int(where, name, values[name][i]) for name in
                              ("wm", "procWm", "eventLag", "procLag", "unread"))
                            ) if has_lag else None
         yield (topic, partition), PartitionRange(end - read, end, state, lag)
-
-
-def _optional_int(where: str, name: str, value: object) -> int | None:
-    if value is None:
-        return None
-    if not is_int(value):
-        raise OffsetFormatError(f"offset: {where}: {name} must be an integer, got {value!r}")
-    return value
 
 
 def _from_layout_1(data: dict) -> BatchOffset:
@@ -309,8 +301,8 @@ def _from_layout_1(data: dict) -> BatchOffset:
         tp = parse_tp_key(key)
         if not isinstance(entry, dict):
             raise OffsetFormatError(f"offset: {key}: expected an object, got {entry!r}")
-        start = _optional_int(key, "from", entry.get("from"))
-        end = _optional_int(key, "to", entry.get("to"))
+        start = optional_int(key, "from", entry.get("from"))
+        end = optional_int(key, "to", entry.get("to"))
         if start is None or end is None or start < 0 or end < start:
             raise OffsetFormatError(f"offset: {key}: invalid range from={start} to={end}")
         partitions[tp] = PartitionRange(start, end, PartitionState.from_json(
@@ -321,6 +313,6 @@ def _from_layout_1(data: dict) -> BatchOffset:
     holder = data.get("holder")
     if holder is not None and not isinstance(holder, str):
         raise OffsetFormatError(f"offset: holder must be 'topic:partition', got {holder!r}")
-    return BatchOffset(_optional_int("offset", "watermark", data.get("watermark")), partitions,
-                       heartbeat, _optional_int("offset", "plannedAt", data.get("plannedAt")),
+    return BatchOffset(optional_int("offset", "watermark", data.get("watermark")), partitions,
+                       heartbeat, optional_int("offset", "plannedAt", data.get("plannedAt")),
                        parse_tp_key(holder) if holder is not None else None)

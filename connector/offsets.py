@@ -80,9 +80,9 @@ class PartitionState:
                                     f"{held!r}")
         return cls(
             generator=data.get("gen"),
-            max_event_ms=_optional_int(where, "maxEvent", data.get("maxEvent")),
-            advanced_ms=_optional_int(where, "advanced", data.get("advanced")),
-            last_read_ms=_optional_int(where, "lastRead", data.get("lastRead")) or 0,
+            max_event_ms=optional_int(where, "maxEvent", data.get("maxEvent")),
+            advanced_ms=optional_int(where, "advanced", data.get("advanced")),
+            last_read_ms=optional_int(where, "lastRead", data.get("lastRead")) or 0,
             idle=idle,
             held=held,
         )
@@ -120,7 +120,7 @@ class PartitionLag:
             return None
         if not isinstance(data, dict):
             raise OffsetFormatError(f"offset: {where}: lag must be an object, got {data!r}")
-        return cls(*(_optional_int(where, name, data.get(name))
+        return cls(*(optional_int(where, name, data.get(name))
                      for name in ("wm", "procWm", "eventLag", "procLag", "unread")))
 
 
@@ -191,7 +191,8 @@ class BatchOffset:
         return offset_layout.from_json(data)
 
 
-def _optional_int(where: str, name: str, value: object) -> int | None:
+def optional_int(where: str, name: str, value: object) -> int | None:
+    """``value`` when it is an integer (not a bool) or None; else an error naming it."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
