@@ -37,9 +37,14 @@ SKIPPED = 3   # the first batches of each run: warming up
 
 
 def produce(bootstrap: str, topic: str, partitions: int, records: int) -> None:
+    """A new topic holding ``records`` records of 100 B spread evenly over its partitions."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
     time.sleep(2)   # the new partitions' leaders
+    append(bootstrap, topic, partitions, records)
+
+
+def append(bootstrap: str, topic: str, partitions: int, records: int) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     for i in range(records):
         producer.produce(topic, value=b"x" * 100, partition=i % partitions)
