@@ -279,7 +279,8 @@ def test_a_task_of_many_partitions_destroys_its_consumer_with_them_started(
     instead of stopping them one by one: its records are still exactly its ranges', when the
     task ends within STOP_AFTER_S (nothing stopped) and when it runs longer (its finished
     partitions stopped then), with one range far longer than the others whose partitions
-    go on past their ranges; its consumer is not kept, and the next task reads on."""
+    go on past their ranges; its consumer is not kept but destroyed on a thread of its own,
+    and the next task reads on."""
     monkeypatch.setattr(compiled, "_clients", compiled._Clients())
     monkeypatch.setattr(compiled, "DISCARD_PARTITIONS", 4)
     monkeypatch.setattr(compiled, "STOP_AFTER_S", stop_after_s)
@@ -303,6 +304,9 @@ def test_a_task_of_many_partitions_destroys_its_consumer_with_them_started(
         assert got == [(p, i, f"{p}-{i}".encode()) for p, a, b in spans
                        for i in range(a, b)]
         assert not compiled._clients.kept
+        # the task ended without waiting for its consumer's destroy, which still ends
+        assert compiled._discarding.acquire(timeout=30), "a discarded consumer never closed"
+        compiled._discarding.release()
 
 
 @pytest.mark.parametrize("engine", ["python"] + (
