@@ -54,8 +54,9 @@ TARGET_RATIO = 2.0   # the 512-partition batch within 2x the 4-partition batch (
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap-servers", help="use an existing Kafka (default: Tansu)")
-    parser.add_argument("--partitions", default="4,64,256,512",
-                        help="Kafka partition counts to sweep")
+    parser.add_argument("--partitions", default=None,
+                        help="Kafka partition counts to sweep (default 4,64,256,512; with "
+                             "--scale 4,64,512,4096)")
     parser.add_argument("--per-batch", type=int, default=20_000,
                         help="records per micro-batch (maxOffsetsPerTrigger)")
     parser.add_argument("--batches", type=int, default=4,
@@ -78,7 +79,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pattern-partitions", default="64,512,4096",
                         help="--scale: the partition counts also read as 16 topics through "
                              "subscribePattern ('' for none)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.partitions is None:
+        args.partitions = "4,64,512,4096" if args.scale else "4,64,256,512"
+    return args
 
 
 def warm_batches(spark, fmt: str, options: dict[str, str], records: int, ws: Workspace,
