@@ -8,17 +8,16 @@ start offsets, consumes until it has every record, and lets the partitions go. B
 turn, ``--batches`` batches are appended to the count's topic and the turn reads them batch
 after batch, as a ``bench_steady_scale.py`` run reads its topic: what lies past a batch's
 ranges is fetched with them (Kafka answers a fetch with up to 1 MB a partition), as in a
-stream with a backlog. Two ways,
-as the compiled engine does by partition count: ``kept``, one consumer that assigns and
-unassigns for every batch (a task of up to 1,024 partitions, which keeps its consumer), and
-``fresh``, a new consumer per batch, closed after it (a task of more). Counts and ways
-alternate in rotated order, ``--batches`` consecutive batches a turn; printed: each
-turn's wall and process CPU (the Python thread and librdkafka's) per batch, the medians
-of batches 4 and later, and each count's median against the first count's.
+stream with a backlog. Two ways, as the compiled engine does by partition count: ``kept``,
+one consumer that assigns and unassigns for every batch (a task of up to 1,024 partitions
+keeps its consumer), and ``fresh``, a new consumer per batch, closed after it (a task of
+more). Counts and ways alternate in rotated order; printed: each turn's wall and process CPU
+(the Python thread and librdkafka's) per batch, the medians of batches 4 and later, and each
+count's median against the first count's.
 
 Run: ``python bench/partition_floor.py`` (4 and 4,096 partitions, 10 batches of 8,192
-records a turn, as ``bench_steady_scale.py``; about 5 minutes, its own Apache Kafka); ``--bootstrap-servers`` for another broker. Writes
-``bench/results/partition-floor.json``.
+records a turn, as ``bench_steady_scale.py``; about 10 minutes with its own Apache Kafka);
+``--bootstrap-servers`` for another broker. Writes ``bench/results/partition-floor.json``.
 """
 
 from __future__ import annotations
