@@ -16,11 +16,16 @@ import subprocess
 import pytest
 
 from tests.support.kafka import Record
-from tests.support.sparkkafka import REPO_ROOT, baseline_python, child_env, run_baseline
+from tests.support.sparkkafka import (
+    OLDER_PYSPARKS,
+    REPO_ROOT,
+    baseline_python,
+    child_env,
+    run_baseline,
+)
 from tests.support.streams import ev_ms, kwatermark_stream, run_available_now, wm_ms
 
-# The newest pyspark of each 4.x line below the default one (`pip index versions pyspark`).
-OLDER = ("4.0.5", "4.1.4", "4.2.1")
+OLDER = OLDER_PYSPARKS   # made before the tests by .ci/run (tests.support.sparkkafka)
 CHILD = REPO_ROOT / "tests" / "integration" / "spark_versions_child.py"
 
 # One test per feature, chosen to run each once: the read path (batch with offsets JSON,

@@ -49,6 +49,9 @@ from kwatermark.sparkkafka import SPARK_KAFKA_VERSION, kafka_jars, kafka_package
 # missing). PyPI has pyspark 4.2.0 too, so the baseline compares Spark's source and ours on
 # one Spark version, as the issue requires.
 BASELINE_PYSPARK = SPARK_KAFKA_VERSION
+# The newest pyspark of each 4.x line below the default one (`pip index versions pyspark`):
+# tests/integration/test_spark_versions.py runs a subset of the tests under each.
+OLDER_PYSPARKS = ("4.0.5", "4.1.4", "4.2.1")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,7 +118,14 @@ def _run(cmd: list[str], what: str) -> None:
 
 def baseline_python(pyspark_version: str = BASELINE_PYSPARK) -> str:
     """The interpreter of the baseline venv (pyspark ``pyspark_version`` + kwatermark from
-    this checkout), created or refreshed if needed. Safe to call from several processes."""
+    this checkout), created or refreshed if needed. Safe to call from several processes.
+
+    Creating or refreshing one rebuilds the checkout's editable link tree
+    (``build/__editable__.*``), through which every venv of this checkout, the tests' own
+    included, imports kwatermark: a Spark worker that imports a kwatermark module meanwhile
+    finds none (a CI run failed so, a query's tasks on ``No module named
+    'kwatermark.arrow'``). So ``python -m tests.support.sparkkafka``, which ``.ci/run`` runs
+    before the tests, makes every venv the tests use (:func:`prepare_all`)."""
     venv = baseline_venv(pyspark_version)
     python = venv / "bin" / "python"
     ready = venv / "kwatermark-ready"
@@ -235,5 +245,11 @@ def prepare(pyspark_version: str = BASELINE_PYSPARK) -> str:
     return f"baseline: pyspark {spark_version} ({python}) with {package}"
 
 
+def prepare_all() -> list[str]:
+    """:func:`prepare`, then the venv of each of ``OLDER_PYSPARKS``."""
+    return [prepare(), *(f"pyspark {version}: {baseline_python(version)}"
+                         for version in OLDER_PYSPARKS)]
+
+
 if __name__ == "__main__":
-    print(prepare())
+    print("\n".join(prepare_all()))
