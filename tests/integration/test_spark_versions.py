@@ -25,7 +25,6 @@ from tests.support.sparkkafka import (
 )
 from tests.support.streams import ev_ms, kwatermark_stream, run_available_now, wm_ms
 
-OLDER = OLDER_PYSPARKS   # made before the tests by .ci/run (tests.support.sparkkafka)
 CHILD = REPO_ROOT / "tests" / "integration" / "spark_versions_child.py"
 
 # One test per feature, chosen to run each once: the read path (batch with offsets JSON,
@@ -62,7 +61,7 @@ def version_python(version: str) -> str:
     return python
 
 
-@pytest.mark.parametrize("version", OLDER)
+@pytest.mark.parametrize("version", OLDER_PYSPARKS)   # venvs made by .ci/run first
 def test_read_watermark_idle_admission_restart_and_window_tests_pass_on(version, broker):
     python = version_python(version)
     env = child_env(python)
