@@ -115,7 +115,7 @@ BOUNDS = """What bounds each figure (--scale):
   tasks, format("kafka") runs one per partition) + latestOffset + the offsets-log write
   (walCommit) + Spark's own per-batch work (progress event, commit log);
 * driver planning (latestOffset): the topics' metadata and the end offsets of every
-  partition (librdkafka: ListOffsets 512 partitions a call, ~40 ms at 4,096), asked on
+  partition (librdkafka: ListOffsets 256 partitions a call, ~15 ms at 4,096), asked on
   threads while kwatermark folds the last batch's progress records (one ledger file per
   Spark task), then the per-partition state of the next offset (Python, per partition);
 * offsets-log entry: Spark's Kafka offsets (each partition's end) plus kwatermark's state

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from functools import cached_property
 
 import numpy as np
 
@@ -52,35 +53,54 @@ class Column:
                     self._ints = np.array(self.values, dtype=np.int64)
         return self._ints
 
+    @cached_property
+    def uniform(self) -> bool:
+        """Every partition has the same value (of the same type)."""
+        return len(self.kinds) == 1 and self.values.count(self.values[0]) == len(self.values)
+
 
 def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def encode(col: Column, partitions: list[int], written: dict[str, Column],
+def shared_forms(col: Column, written: dict[str, Column]) -> list:
+    """The forms of ``col`` that say nothing of its partitions, neither how many nor which:
+    the one value every partition has, and each earlier column (``written``) it equals plus
+    a constant. Topics whose columns share such a form can write it once for all of them
+    (``"every"`` in kwatermark.offset_layout)."""
+    column = col.values
+    forms: list = []
+    if col.uniform:
+        forms.append(column[0] if col.kinds <= SCALAR_TYPES else {"all": column[0]})
+    if col.kinds <= INT_TYPES:
+        for other_name, other in written.items():
+            plus = _constant_difference(col, other)
+            if plus is not None:
+                forms.append({"of": other_name, "plus": plus})
+    return forms
+
+
+def encode(col: Column, partitions: list[int], forms: list | None,
            default: object = OMIT) -> object:
     """The shortest form of ``col`` (see kwatermark.offset_layout); ``OMIT`` when every
     value is ``default``, the column's default (``OMIT``: it has none and is always
-    written). Deterministic in the values: a replayed batch writes the same bytes. Many
-    partitions take the forms that are short by construction without measuring every
-    candidate (this runs once per batch on the driver)."""
+    written). ``forms``: its :func:`shared_forms` (None will do when ``col.uniform``).
+    Deterministic in the values: a replayed
+    batch writes the same bytes. Many partitions take the forms that are short by
+    construction without measuring every candidate (this runs once per batch on the
+    driver)."""
     column = col.values
     n = len(column)
     kinds = col.kinds
     scalar = kinds <= SCALAR_TYPES
     first = column[0]
-    if len(kinds) == 1 and column.count(first) == n:
+    if col.uniform:
         if first == default and type(first) is type(default):
             return OMIT
         return first if scalar else {"all": first}
-    candidates: list = []
-    if kinds <= INT_TYPES:
-        for other_name, other in written.items():
-            plus = _constant_difference(col, other)
-            if plus is not None:
-                candidates.append({"of": other_name, "plus": plus})
-        if candidates and n >= 32:
-            return min(candidates, key=lambda c: (len(c["of"]), c["of"]))
+    candidates = list(forms)
+    if candidates and n >= 32:
+        return min(candidates, key=lambda c: (len(c["of"]), c["of"]))
     if scalar:
         common, count = _most_common(col)
         if count * 2 > n:

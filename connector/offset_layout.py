@@ -24,6 +24,11 @@ in the shortest of these forms:
 
 (``kwatermark.offset_columns`` chooses a column's form and reads it back.)
 
+When the offset spans several topics, a column whose value, or ``of``/``plus`` form, is the
+same in every topic is written once, in ``"every"`` beside ``"topics"``, and left out of
+each topic's; a topic's own column would win over it (offsets written before ``"every"``
+have each topic's columns in full and read the same).
+
 ``from`` is ``to - read``; a generator snapshot that is an object of scalars is split into one
 column per key (``genKeys``, and ``gen`` = 1 where a partition has such a snapshot, null where
 it is fresh); any other snapshot is kept whole in ``gen``. The lags that follow from the state
@@ -35,6 +40,7 @@ Layout 1 (kwatermark 0.1: ``{"v": 1, "watermark": W, "partitions": {"topic:p": {
 
 from __future__ import annotations
 
+import json
 import re
 
 from kwatermark.offset_columns import (
@@ -44,6 +50,7 @@ from kwatermark.offset_columns import (
     Column,
     decode,
     encode,
+    shared_forms,
 )
 from kwatermark.offsets import (
     BatchOffset,
@@ -79,14 +86,13 @@ def to_json(offset: BatchOffset) -> dict:
             raise OffsetFormatError(f"offset: topic {KEY!r} cannot be written (reserved)")
         by_topic.setdefault(topic, []).append((partition, r))
     data: dict = {}
-    topics = {}
+    topics: dict[str, _Topic] = {}
     for topic in sorted(by_topic):
         parts = sorted(by_topic[topic], key=lambda item: item[0])
         data[topic] = {str(p): r.end for p, r in parts}
-        columns = _topic_columns([p for p, _ in parts], [r for _, r in parts],
-                                 offset.planned_ms)
-        if columns:
-            topics[topic] = columns
+        topics[topic] = _Topic([p for p, _ in parts], [r for _, r in parts],
+                               offset.planned_ms)
+    every = _every(list(topics.values())) if len(topics) > 1 else {}
     own: dict = {"v": LAYOUT, "watermark": offset.watermark}
     if offset.heartbeat:
         own["heartbeat"] = True
@@ -94,55 +100,121 @@ def to_json(offset: BatchOffset) -> dict:
         own["plannedAt"] = offset.planned_ms
     if offset.holder is not None:
         own["holder"] = tp_key(offset.holder)
-    if topics:
-        own["topics"] = topics
+    if every:
+        own["every"] = every
+    columns = {}
+    for topic, written in topics.items():
+        left = {name: value for name, value in written.columns.items() if name not in every}
+        if left:
+            columns[topic] = left
+    if columns:
+        own["topics"] = columns
     data[KEY] = own
     return data
 
 
-def _topic_columns(partitions: list[int], ranges: list[PartitionRange],
-                   planned: int | None) -> dict:
-    values: dict[str, list] = {
-        "read": [r.end - r.start for r in ranges],
-        "maxEvent": [r.state.max_event_ms for r in ranges],
-        "advanced": [r.state.advanced_ms for r in ranges],
-        "lastRead": [r.state.last_read_ms for r in ranges],
-        "idle": [r.state.idle for r in ranges],
-        "held": [r.state.held for r in ranges],
-        "lag": [r.lag is not None for r in ranges],
-    }
-    for name, attribute in (("wm", "watermark_ms"), ("procWm", "processing_wm_ms"),
-                            ("unread", "unread"), ("eventLag", "event_lag_ms"),
-                            ("procLag", "processing_lag_ms")):
-        values[name] = [None if r.lag is None else getattr(r.lag, attribute) for r in ranges]
-    columns: dict = {}
-    written: dict[str, Column] = {}
+class _Topic:
+    """A topic's columns in their shortest forms (``columns``) and, asked for, the forms of
+    each that would do for any topic (:func:`offset_columns.shared_forms`: computed only
+    when ``"every"`` needs them)."""
 
-    def put(name: str, values: list) -> None:
+    def __init__(self, partitions: list[int], ranges: list[PartitionRange],
+                 planned: int | None):
+        self.columns: dict = {}
+        self.written: dict[str, Column] = {}
+        self._forms: dict[str, list] = {}
+        values: dict[str, list] = {
+            "read": [r.end - r.start for r in ranges],
+            "maxEvent": [r.state.max_event_ms for r in ranges],
+            "advanced": [r.state.advanced_ms for r in ranges],
+            "lastRead": [r.state.last_read_ms for r in ranges],
+            "idle": [r.state.idle for r in ranges],
+            "held": [r.state.held for r in ranges],
+            "lag": [r.lag is not None for r in ranges],
+        }
+        for name, attribute in (("wm", "watermark_ms"), ("procWm", "processing_wm_ms"),
+                                ("unread", "unread"), ("eventLag", "event_lag_ms"),
+                                ("procLag", "processing_lag_ms")):
+            values[name] = [None if r.lag is None else getattr(r.lag, attribute)
+                            for r in ranges]
+        snapshots = [r.state.generator for r in ranges]
+        keys = _flat_keys(snapshots)
+        self._put(partitions, "read", values["read"], 0)
+        if keys is None:
+            self._put(partitions, "gen", snapshots, None)
+        else:
+            self.columns["genKeys"] = keys
+            self._put(partitions, "gen", [None if s is None else 1 for s in snapshots], None)
+            for key in keys:
+                self._put(partitions, f"gen.{key}",
+                          [None if s is None else s[key] for s in snapshots])
+        for name in _STATE_COLUMNS[2:11]:
+            self._put(partitions, name, values[name], _DEFAULTS[name])
+        # The lags that follow from the partition watermark and the planning time are left
+        # out.
+        for name, base in (("eventLag", "wm"), ("procLag", "procWm")):
+            if values[name] != _lags(values[base], planned):
+                self._put(partitions, name, values[name])
+
+    def _put(self, partitions: list[int], name: str, values: list,
+             default: object = OMIT) -> None:
         column = Column(values)
-        encoded = encode(column, partitions, written, _DEFAULTS.get(name, OMIT))
+        # A column of one value is written as that value: its other forms wait.
+        forms = None if column.uniform else self.forms(name, column)
+        encoded = encode(column, partitions, forms, default)
         if encoded is not OMIT:
-            columns[name] = encoded
-        written[name] = column
+            self.columns[name] = encoded
+        self.written[name] = column
 
-    snapshots = [r.state.generator for r in ranges]
-    keys = _flat_keys(snapshots)
-    put("read", values["read"])
-    if keys is None:
-        put("gen", snapshots)
-    else:
-        columns["genKeys"] = keys
-        put("gen", [None if s is None else 1 for s in snapshots])
-        for key in keys:
-            put(f"gen.{key}", [None if s is None else s[key] for s in snapshots])
-    for name in _STATE_COLUMNS[2:11]:
-        put(name, values[name])
-    # The lags that follow from the partition watermark and the planning time are left out.
-    for name, base in (("eventLag", "wm"), ("procLag", "procWm")):
-        derived = _lags(values[base], planned)
-        if values[name] != derived:
-            columns[name] = encode(Column(values[name]), partitions, written)
-    return columns
+    def forms(self, name: str, column: Column | None = None) -> list:
+        if name not in self._forms:
+            earlier = {}
+            for other, written in self.written.items():
+                if other == name:
+                    break
+                earlier[other] = written
+            self._forms[name] = shared_forms(column or self.written[name], earlier)
+        return self._forms[name]
+
+
+def _every(topics: list[_Topic]) -> dict:
+    """The columns that every topic writes and that one same form says for all of them
+    (a value, another column plus a constant), each in its shortest such form: written
+    once, as ``"every"``, not once per topic (64 partitions in 16 topics: ~290 B a topic
+    less)."""
+    first, *rest = topics
+    every = {}
+    for name, encoded in first.columns.items():
+        if any(name not in topic.columns for topic in rest):
+            continue
+        if name == "genKeys" or first.written[name].uniform:
+            # One value in every topic: that value (shorter than any other form).
+            if all(_key(topic.columns[name]) == _key(encoded) for topic in rest):
+                every[name] = encoded
+                continue
+            if name == "genKeys":
+                continue
+        found = {_key(form): form for form in first.forms(name)}
+        for topic in rest:
+            found = {key: form for key, form in
+                     ((_key(f), f) for f in topic.forms(name)) if key in found}
+        if found:
+            every[name] = min(found.values(), key=lambda form: (len(_text(form)),
+                                                                _text(form)))
+    return every
+
+
+def _key(form: object) -> object:
+    """``form`` as a dict key, equal only to the same JSON (1, 1.0 and True differ)."""
+    if isinstance(form, dict) and set(form) == {"of", "plus"}:
+        return ("of", form["of"], form["plus"])
+    if isinstance(form, SCALARS):
+        return type(form), form
+    return _text(form)
+
+
+def _text(form: object) -> str:
+    return json.dumps(form, separators=(",", ":"), sort_keys=True)
 
 
 def _lags(marks: list, planned: int | None) -> list:
@@ -196,6 +268,9 @@ def _from_layout_2(data: dict) -> BatchOffset:
     topics = own.get("topics", {})
     if not isinstance(topics, dict):
         raise OffsetFormatError(f"offset: topics must be an object, got {topics!r}")
+    every = own.get("every", {})
+    if not isinstance(every, dict):
+        raise OffsetFormatError(f"offset: every must be an object, got {str(every)[:100]!r}")
     unknown = sorted(set(topics) - set(data))
     if unknown:
         raise OffsetFormatError(f"offset: topic {unknown[0]!r} has state but no offsets")
@@ -216,7 +291,7 @@ def _from_layout_2(data: dict) -> BatchOffset:
         columns = topics.get(topic, {})
         if not isinstance(columns, dict):
             raise OffsetFormatError(f"offset: topic {topic!r}: state must be an object")
-        for tp, r in _topic_ranges(topic, numbered, columns, planned):
+        for tp, r in _topic_ranges(topic, numbered, {**every, **columns}, planned):
             partitions[tp] = r
     heartbeat = own.get("heartbeat", False)
     if not isinstance(heartbeat, bool):

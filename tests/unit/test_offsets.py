@@ -90,7 +90,7 @@ def spark_kafka_offsets(offset: BatchOffset) -> str:
     return json.dumps(by_topic, separators=(",", ":"))
 
 
-@pytest.mark.parametrize("partitions,topics", [(4096, 1), (4096, 16), (512, 1)])
+@pytest.mark.parametrize("partitions,topics", [(4096, 1), (4096, 16), (512, 1), (64, 16)])
 def test_a_planned_offset_is_within_3x_of_sparks_kafka_offsets(partitions, topics):
     """DESIGN §21: ten records per partition and batch, event times 1 ms apart across the
     topic (bench/bench_partitions.py's data), as the planner writes it."""
@@ -109,6 +109,51 @@ def test_a_planned_offset_is_within_3x_of_sparks_kafka_offsets(partitions, topic
     ours = len(json.dumps(offset.to_json()))     # as pyspark sends it (default separators)
     assert ours <= 3 * len(spark_kafka_offsets(offset))
     assert BatchOffset.from_json(json.dumps(offset.to_json())) == offset
+
+
+def test_columns_alike_in_every_topic_are_written_once():
+    """Four partitions in each of three topics, with the state a bounded generator leaves:
+    what says every topic's column (a value, another column plus a constant) is written
+    once under "every"; the event times, which differ, stay with their topic."""
+    def partition(t: int, p: int) -> PartitionRange:
+        high = 1_000_000 + 100 * t + p
+        return PartitionRange(50, 60, PartitionState(generator={"max_ts": high},
+                                                     max_event_ms=high, last_read_ms=900),
+                              PartitionLag(high - 5_001, 999, 1_000 - high + 5_001, 1, 10))
+    offset = BatchOffset(994_999, {(f"t{t}", p): partition(t, p) for t in range(3)
+                                   for p in range(4)}, planned_ms=1_000)
+    own = offset.to_json()["@kwatermark"]
+    assert own["every"] == {"read": 10, "genKeys": ["max_ts"], "gen": 1,
+                            "maxEvent": {"of": "gen.max_ts", "plus": 0}, "lastRead": 900,
+                            "lag": True, "wm": {"of": "maxEvent", "plus": -5_001},
+                            "procWm": 999, "unread": 10}
+    assert own["topics"] == {f"t{t}": {"gen.max_ts": {"d": [1_000_000 + 100 * t, 1, 1, 1]}}
+                             for t in range(3)}
+    assert BatchOffset.from_json(offset.dumps()) == offset
+
+
+def test_a_layout_2_offset_with_each_topic_s_columns_in_full_still_reads():
+    """What kwatermark wrote before "every" (each topic all its columns) restores the same
+    state as what it writes now, and a topic's own column wins over "every"'s."""
+    before = {"a": {"0": 9, "1": 9}, "b": {"0": 7}, "@kwatermark": {
+        "v": 2, "watermark": 3, "plannedAt": 100, "topics": {
+            "a": {"read": 2, "genKeys": ["max_ts"], "gen": 1, "gen.max_ts": [5, 6],
+                  "maxEvent": {"of": "gen.max_ts", "plus": 0}, "lastRead": 90},
+            "b": {"read": 2, "genKeys": ["max_ts"], "gen": 1, "gen.max_ts": 4,
+                  "maxEvent": {"of": "gen.max_ts", "plus": 0}, "lastRead": 80}}}}
+    parsed = BatchOffset.from_json(before)
+    expected = {("a", 0): (7, 9, 5, 90), ("a", 1): (7, 9, 6, 90), ("b", 0): (5, 7, 4, 80)}
+    assert parsed == BatchOffset(3, {tp: PartitionRange(start, end, PartitionState(
+        generator={"max_ts": high}, max_event_ms=high, last_read_ms=read))
+        for tp, (start, end, high, read) in expected.items()}, planned_ms=100)
+    now = json.loads(parsed.dumps())["@kwatermark"]
+    assert now["every"] == {"read": 2, "genKeys": ["max_ts"], "gen": 1,
+                            "maxEvent": {"of": "gen.max_ts", "plus": 0}}
+    assert now["topics"] == {"a": {"gen.max_ts": [5, 6], "lastRead": 90},
+                             "b": {"gen.max_ts": 4, "lastRead": 80}}
+    overridden = json.loads(parsed.dumps())
+    overridden["@kwatermark"]["topics"]["b"]["read"] = 1
+    assert BatchOffset.from_json(overridden).partitions[("b", 0)].start == 6
 
 
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**15, 10**15),
@@ -199,6 +244,38 @@ def wide_offsets(draw):
 @given(offset=wide_offsets())
 def test_wide_columns_round_trip_through_json(offset):
     assert BatchOffset.from_json(json.loads(offset.dumps())) == offset
+
+
+@st.composite
+def alike_topics(draw):
+    """Several topics whose partitions' states follow one pattern, each topic shifted by its
+    own constant or not at all (the columns "every" may hold), some partitions fresh."""
+    pattern = draw(st.lists(st.tuples(st.integers(0, 3), st.integers(-5, 5), st.booleans()),
+                            min_size=1, max_size=4))
+    partitions = {}
+    for t in range(draw(st.integers(2, 4))):
+        shift = draw(st.sampled_from([0, 0, 7, -10**12]))
+        width = draw(st.integers(1, len(pattern)))
+        for p, (read, step, fresh) in enumerate(pattern[:width]):
+            high = None if fresh and draw(st.booleans()) else 10**12 + shift + step
+            partitions[(f"topic-{t}", p)] = PartitionRange(
+                100, 100 + read + draw(st.sampled_from([0, 0, 1])), PartitionState(
+                    generator=None if high is None else {"max_ts": high}, max_event_ms=high,
+                    last_read_ms=draw(st.sampled_from([0, 50])) + (shift % 3),
+                    idle=draw(st.sampled_from(["count", "count", "exclude"]))),
+                None if high is None else PartitionLag(high - 1, 40, draw(optional_ms), None,
+                                                       read))
+    return BatchOffset(draw(optional_ms), partitions, planned_ms=draw(optional_ms))
+
+
+@settings(deadline=None, max_examples=300)
+@given(offset=alike_topics())
+def test_topics_alike_round_trip_through_json(offset):
+    data = json.loads(offset.dumps())
+    assert BatchOffset.from_json(data) == offset
+    for name in data["@kwatermark"].get("every", {}):
+        assert all(name not in columns for columns in data["@kwatermark"].get(
+            "topics", {}).values())
 
 
 def test_topic_names_with_colons_keep_their_partition():
@@ -624,7 +701,8 @@ column_values = st.one_of(json_values, st.fixed_dictionaries({"d": json_values})
 @given(offset=offsets, name=column_names, value=column_values, ends=json_values)
 def test_a_damaged_layout_2_offset_raises_only_offset_format_error(offset, name, value, ends):
     data = json.loads(offset.dumps())
-    for columns in data["@kwatermark"].get("topics", {}).values():
+    for columns in [*data["@kwatermark"].get("topics", {}).values(),
+                    data["@kwatermark"].setdefault("every", {})]:
         columns[name] = value
     topic = next((t for t in data if t != "@kwatermark"), None)
     if topic is not None and isinstance(ends, dict):
