@@ -52,6 +52,25 @@ LONGEST_FIRST = tuple(f"tests/{name}.py" for name in (
     "integration/test_restart"))
 
 
+def pytest_configure(config) -> None:
+    """Under xdist (README's command), make the pyspark venvs the tests use before the
+    workers start. Making or refreshing one rebuilds this checkout's editable link tree,
+    through which a Spark worker of the other xdist worker may be importing kwatermark at
+    that moment (tests.support.sparkkafka.baseline_python): a fresh clone's first run
+    failed so. Once made, this is a check of a stamp file per venv."""
+    if getattr(config, "workerinput", None) is not None or \
+            not config.getoption("numprocesses", None):
+        return
+    from tests.support import sparkkafka
+
+    versions = [v for v in (sparkkafka.BASELINE_PYSPARK, *sparkkafka.OLDER_PYSPARKS)
+                if not sparkkafka.venv_ready(v)]
+    for version in versions:
+        print(f"making the pyspark {version} venv the tests use (once per checkout: about "
+              f"a minute)", file=sys.stderr, flush=True)
+        sparkkafka.baseline_python(version)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))

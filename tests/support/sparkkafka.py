@@ -116,6 +116,12 @@ def _run(cmd: list[str], what: str) -> None:
                            f"{done.stderr[-4000:]}")
 
 
+def venv_ready(pyspark_version: str = BASELINE_PYSPARK) -> bool:
+    """Whether :func:`baseline_python` would find its venv made and current."""
+    ready = baseline_venv(pyspark_version) / "kwatermark-ready"
+    return ready.exists() and ready.read_text() == _source_stamp()
+
+
 def baseline_python(pyspark_version: str = BASELINE_PYSPARK) -> str:
     """The interpreter of the baseline venv (pyspark ``pyspark_version`` + kwatermark from
     this checkout), created or refreshed if needed. Safe to call from several processes.
@@ -125,7 +131,8 @@ def baseline_python(pyspark_version: str = BASELINE_PYSPARK) -> str:
     included, imports kwatermark: a Spark worker that imports a kwatermark module meanwhile
     finds none (a CI run failed so, a query's tasks on ``No module named
     'kwatermark.arrow'``). So ``python -m tests.support.sparkkafka``, which ``.ci/run`` runs
-    before the tests, makes every venv the tests use (:func:`prepare_all`)."""
+    before the tests, makes every venv the tests use (:func:`prepare_all`), and so does
+    README's test command before its xdist workers start (``tests/conftest.py``)."""
     venv = baseline_venv(pyspark_version)
     python = venv / "bin" / "python"
     ready = venv / "kwatermark-ready"
