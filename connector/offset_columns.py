@@ -54,6 +54,22 @@ class Column:
         return self._ints
 
     @cached_property
+    def masked(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """For a long enough column of ints and nulls (at least one int, all small
+        enough): the ints as an int64 array (0 at each null) and where the nulls are."""
+        if not self.kinds <= INT_TYPES or len(self.values) < _NUMPY_FROM:
+            return None
+        if self.ints is not None:
+            return self.ints, np.zeros(len(self.values), dtype=bool)
+        present = [v for v in self.values if v is not None]
+        if not present or not -_NUMPY_SAFE < min(present) or not max(present) < _NUMPY_SAFE:
+            return None
+        nulls = np.array([v is None for v in self.values], dtype=bool)
+        filled = np.zeros(len(self.values), dtype=np.int64)
+        filled[~nulls] = present
+        return filled, nulls
+
+    @cached_property
     def uniform(self) -> bool:
         """Every partition has the same value (of the same type)."""
         return len(self.kinds) == 1 and self.values.count(self.values[0]) == len(self.values)
@@ -85,10 +101,9 @@ def encode(col: Column, partitions: list[int], forms: list | None,
     """The shortest form of ``col`` (see kwatermark.offset_layout); ``OMIT`` when every
     value is ``default``, the column's default (``OMIT``: it has none and is always
     written). ``forms``: its :func:`shared_forms` (None will do when ``col.uniform``).
-    Deterministic in the values: a replayed
-    batch writes the same bytes. Many partitions take the forms that are short by
-    construction without measuring every candidate (this runs once per batch on the
-    driver)."""
+    Deterministic in the values: a replayed batch writes the same bytes. Many partitions
+    take the forms that are short by construction without measuring every candidate (this
+    runs once per batch on the driver)."""
     column = col.values
     n = len(column)
     kinds = col.kinds
@@ -104,8 +119,7 @@ def encode(col: Column, partitions: list[int], forms: list | None,
     if scalar:
         common, count = _most_common(col)
         if count * 2 > n:
-            sparse = {"else": common, "at": {str(p): v for p, v in zip(partitions, column)
-                                             if not _same(v, common)}}
+            sparse = {"else": common, "at": _exceptions(col, partitions, common)}
             if n >= 32 and (n - count) * 8 <= n:
                 return sparse
             candidates.append(sparse)
@@ -113,6 +127,17 @@ def encode(col: Column, partitions: list[int], forms: list | None,
         candidates.append({"d": _deltas(col)})
     candidates.append(column)
     return min(candidates, key=lambda c: len(json.dumps(c, separators=_SEP)))
+
+
+def _exceptions(col: Column, partitions: list[int], common: object) -> dict[str, object]:
+    """``{"partition": value}`` where the column is not ``common``."""
+    column = col.values
+    ints = col.ints
+    if ints is not None and is_int(common):
+        return {str(partitions[i]): column[i] for i in np.flatnonzero(ints != common).tolist()}
+    if len(col.kinds & {bool, int, float}) <= 1:   # Python's equality is JSON's here
+        return {str(p): v for p, v in zip(partitions, column) if v != common}
+    return {str(p): v for p, v in zip(partitions, column) if not _same(v, common)}
 
 
 def _same(a: object, b: object) -> bool:
@@ -156,9 +181,12 @@ def _constant_difference(col: Column, other: Column) -> int | None:
         return None   # a cheap first look: most columns are not
     if len(column) != len(values):
         return None
-    a, b = col.ints, other.ints
+    a, b = col.masked, other.masked
     if a is not None and b is not None:
-        differences = a - b
+        (ints, nulls), (other_ints, other_nulls) = a, b
+        if not np.array_equal(nulls, other_nulls):
+            return None
+        differences = (ints - other_ints)[~nulls]
         plus = int(differences[0])
         return plus if bool((differences == plus).all()) else None
     if type(None) not in col.kinds and type(None) not in other.kinds:

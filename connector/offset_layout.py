@@ -132,11 +132,19 @@ class _Topic:
             "held": [r.state.held for r in ranges],
             "lag": [r.lag is not None for r in ranges],
         }
-        for name, attribute in (("wm", "watermark_ms"), ("procWm", "processing_wm_ms"),
-                                ("unread", "unread"), ("eventLag", "event_lag_ms"),
-                                ("procLag", "processing_lag_ms")):
-            values[name] = [None if r.lag is None else getattr(r.lag, attribute)
-                            for r in ranges]
+        lags = [r.lag for r in ranges]
+        if any(lag is None for lag in lags):
+            for name, attribute in (("wm", "watermark_ms"), ("procWm", "processing_wm_ms"),
+                                    ("unread", "unread"), ("eventLag", "event_lag_ms"),
+                                    ("procLag", "processing_lag_ms")):
+                values[name] = [None if lag is None else getattr(lag, attribute)
+                                for lag in lags]
+        else:   # every partition observed (the usual case): one plain pass per column
+            values["wm"] = [lag.watermark_ms for lag in lags]
+            values["procWm"] = [lag.processing_wm_ms for lag in lags]
+            values["unread"] = [lag.unread for lag in lags]
+            values["eventLag"] = [lag.event_lag_ms for lag in lags]
+            values["procLag"] = [lag.processing_lag_ms for lag in lags]
         snapshots = [r.state.generator for r in ranges]
         keys = _flat_keys(snapshots)
         self._put(partitions, "read", values["read"], 0)
@@ -173,7 +181,8 @@ class _Topic:
                 if other == name:
                     break
                 earlier[other] = written
-            self._forms[name] = shared_forms(column or self.written[name], earlier)
+            self._forms[name] = shared_forms(
+                self.written[name] if column is None else column, earlier)
         return self._forms[name]
 
 
@@ -224,21 +233,17 @@ def _lags(marks: list, planned: int | None) -> list:
 def _flat_keys(snapshots: list) -> list[str] | None:
     """The keys of the snapshots when every one is None or an object of scalars with the
     same keys (at least one of them an object); else None (kept whole)."""
-    keys = None
-    kinds: set[type] = set()   # of the values: checked once at the end, not per snapshot
-    for snapshot in snapshots:
-        if snapshot is None:
-            continue
-        if not isinstance(snapshot, dict):
-            return None
-        kinds.update(map(type, snapshot.values()))
-        if keys is None:
-            keys = snapshot.keys()
-        elif snapshot.keys() != keys:   # as sets: one sort at the end, not one per partition
-            return None
+    present = [snapshot for snapshot in snapshots if snapshot is not None]
+    if not present or not all(isinstance(snapshot, dict) for snapshot in present):
+        return None
+    shapes = set(map(tuple, present))   # each snapshot's keys, in their order
+    if len(shapes) > 1 and len(set(map(frozenset, shapes))) > 1:
+        return None
+    keys = sorted(present[0])
+    kinds = {type(snapshot[key]) for key in keys for snapshot in present}
     if not kinds <= SCALAR_TYPES and not all(issubclass(k, SCALARS) for k in kinds):
         return None
-    return None if keys is None else sorted(keys)
+    return keys
 
 
 # -- reading ---------------------------------------------------------------------------
