@@ -66,8 +66,8 @@ def pytest_configure(config) -> None:
     versions = [v for v in (sparkkafka.BASELINE_PYSPARK, *sparkkafka.OLDER_PYSPARKS)
                 if not sparkkafka.venv_ready(v)]
     for version in versions:
-        print(f"making the pyspark {version} venv the tests use (once per checkout: about "
-              f"a minute)", file=sys.stderr, flush=True)
+        print(f"making the pyspark {version} venv the tests use (about a minute, once per "
+              f"checkout and again when a module is added)", file=sys.stderr, flush=True)
         sparkkafka.baseline_python(version)
 
 
