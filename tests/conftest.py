@@ -68,7 +68,11 @@ def pytest_configure(config) -> None:
     for version in versions:
         print(f"making the pyspark {version} venv the tests use (about a minute, once per "
               f"checkout and again when a module is added)", file=sys.stderr, flush=True)
-        sparkkafka.baseline_python(version)
+        try:
+            sparkkafka.baseline_python(version)
+        except Exception as exc:  # noqa: BLE001 - the tests that need it will say so again
+            print(f"could not make it now ({str(exc)[:300]}); the tests that need it will "
+                  f"try again", file=sys.stderr, flush=True)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
