@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import re
+from operator import attrgetter
 
 from kwatermark.offset_columns import (
     OMIT,
@@ -133,18 +134,11 @@ class _Topic:
             "lag": [r.lag is not None for r in ranges],
         }
         lags = [r.lag for r in ranges]
-        if any(lag is None for lag in lags):
-            for name, attribute in (("wm", "watermark_ms"), ("procWm", "processing_wm_ms"),
-                                    ("unread", "unread"), ("eventLag", "event_lag_ms"),
-                                    ("procLag", "processing_lag_ms")):
-                values[name] = [None if lag is None else getattr(lag, attribute)
-                                for lag in lags]
-        else:   # every partition observed (the usual case): one plain pass per column
-            values["wm"] = [lag.watermark_ms for lag in lags]
-            values["procWm"] = [lag.processing_wm_ms for lag in lags]
-            values["unread"] = [lag.unread for lag in lags]
-            values["eventLag"] = [lag.event_lag_ms for lag in lags]
-            values["procLag"] = [lag.processing_lag_ms for lag in lags]
+        for name, attribute in (("wm", "watermark_ms"), ("procWm", "processing_wm_ms"),
+                                ("unread", "unread"), ("eventLag", "event_lag_ms"),
+                                ("procLag", "processing_lag_ms")):
+            get = attrgetter(attribute)
+            values[name] = [None if lag is None else get(lag) for lag in lags]
         snapshots = [r.state.generator for r in ranges]
         keys = _flat_keys(snapshots)
         self._put(partitions, "read", values["read"], 0)
@@ -152,6 +146,7 @@ class _Topic:
             self._put(partitions, "gen", snapshots, None)
         else:
             self.columns["genKeys"] = keys
+            self._forms["genKeys"] = [keys]   # the same list or nothing in common
             self._put(partitions, "gen", [None if s is None else 1 for s in snapshots], None)
             for key in keys:
                 self._put(partitions, f"gen.{key}",
@@ -196,13 +191,11 @@ def _every(topics: list[_Topic]) -> dict:
     for name, encoded in first.columns.items():
         if any(name not in topic.columns for topic in rest):
             continue
-        if name == "genKeys" or first.written[name].uniform:
-            # One value in every topic: that value (shorter than any other form).
-            if all(_key(topic.columns[name]) == _key(encoded) for topic in rest):
-                every[name] = encoded
-                continue
-            if name == "genKeys":
-                continue
+        column = first.written.get(name)   # none for genKeys
+        if column is not None and column.uniform and \
+                all(_key(topic.columns[name]) == _key(encoded) for topic in rest):
+            every[name] = encoded   # one value in every topic: shorter than any other form
+            continue
         found = {_key(form): form for form in first.forms(name)}
         for topic in rest:
             found = {key: form for key, form in

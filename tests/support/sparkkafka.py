@@ -118,8 +118,11 @@ def _run(cmd: list[str], what: str) -> None:
 
 def venv_ready(pyspark_version: str = BASELINE_PYSPARK) -> bool:
     """Whether :func:`baseline_python` would find its venv made and current."""
-    ready = baseline_venv(pyspark_version) / "kwatermark-ready"
-    return ready.exists() and ready.read_text() == _source_stamp()
+    return _stamped(baseline_venv(pyspark_version) / "kwatermark-ready", _source_stamp())
+
+
+def _stamped(ready: Path, stamp: str) -> bool:
+    return ready.exists() and ready.read_text() == stamp
 
 
 def baseline_python(pyspark_version: str = BASELINE_PYSPARK) -> str:
@@ -137,10 +140,10 @@ def baseline_python(pyspark_version: str = BASELINE_PYSPARK) -> str:
     python = venv / "bin" / "python"
     ready = venv / "kwatermark-ready"
     stamp = _source_stamp()
-    if ready.exists() and ready.read_text() == stamp:
+    if _stamped(ready, stamp):
         return str(python)
     with _locked(venv.with_name(venv.name + ".lock")):
-        if ready.exists() and ready.read_text() == stamp:
+        if _stamped(ready, stamp):
             return str(python)
         if not ready.exists() and venv.exists():
             shutil.rmtree(venv)  # a creation that died half-way
