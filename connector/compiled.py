@@ -29,6 +29,7 @@ from types import SimpleNamespace
 import numpy as np
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTP
 
 from kwatermark import arrow
 from kwatermark.consumer import MAX_CONSUME, partition_bounds, task_conf
@@ -160,19 +161,41 @@ class _Client:
             raise KWatermarkError(f"cannot create a Kafka consumer from the kafka.* options: "
                                   f"{ffi.string(err).decode(errors='replace')}")
 
-    def offsets_for_times(self, tps: list, timeout: float) -> list:
+    chunks = True   # consumer.chunked_offsets: offsets_for_times takes its chunk size
+
+    def offsets_for_times(self, tps: list, timeout: float, chunk: int = 0) -> list:
+        """As confluent-kafka's, asked ``chunk`` partitions a request (all at once: 0), in C
+        (``kw_offsets``) without the GIL."""
         n = len(tps)
-        topics = [ffi.new("char[]", tp.topic.encode()) for tp in tps]
+        names = {topic: ffi.new("char[]", topic.encode()) for topic in {tp.topic for tp in tps}}
         offsets = ffi.new("int64_t[]", [tp.offset for tp in tps])
         errors = ffi.new("int32_t[]", n)
-        code = lib.kw_offsets(self.handle, ffi.new("char *[]", topics),
+        code = lib.kw_offsets(self.handle, ffi.new("char *[]", [names[tp.topic] for tp in tps]),
                               ffi.new("int32_t[]", [tp.partition for tp in tps]), offsets,
-                              errors, n, int(timeout * 1000))
+                              errors, n, chunk, int(timeout * 1000))
         if code:
             raise KafkaException(KafkaError(code))
-        return [SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=offsets[i],
-                                error=KafkaError(errors[i]) if errors[i] else None)
-                for i, tp in enumerate(tps)]
+        found = np.frombuffer(ffi.buffer(offsets), dtype=np.int64).tolist()
+        failed = np.frombuffer(ffi.buffer(errors), dtype=np.int32)
+        # confluent-kafka's TopicPartition where it answered (made in C), a stand-in with
+        # the error where not: thousands per planning on the driver
+        answer = [KafkaTP(tp.topic, tp.partition, offset) for tp, offset in zip(tps, found)]
+        for i in np.flatnonzero(failed).tolist():
+            answer[i] = SimpleNamespace(topic=tps[i].topic, partition=tps[i].partition,
+                                        offset=found[i], error=KafkaError(int(failed[i])))
+        return answer
+
+    def partition_count(self, topic: str, timeout: float) -> int:
+        """How many partitions ``topic`` has, as the brokers say now; an error (a topic
+        that does not exist or cannot be described, no answer) raises, as ``KafkaException``."""
+        count = lib.kw_metadata(self.handle, topic.encode(), int(timeout * 1000), ffi.NULL, 0,
+                                ffi.NULL, 0)
+        if count < 0:
+            raise KafkaException(KafkaError(-count))
+        if count == 0:
+            raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                            f"no partitions of topic {topic} in the answer"))
+        return count
 
     def list_topics(self, topic: str, timeout: float) -> SimpleNamespace:
         """``topic``'s metadata, shaped as confluent-kafka's ``ClusterMetadata`` where
@@ -195,7 +218,9 @@ class _Client:
 
     def close(self, stop: bool = True) -> None:
         """Destroy the consumer; with ``stop=False`` its partitions are not stopped one by
-        one first (``kw_discard``)."""
+        one first (``kw_discard``). Once: a closed client does nothing."""
+        if self.handle == ffi.NULL:
+            return
         (lib.kw_close if stop else lib.kw_discard)(self.handle)
         self.handle = ffi.NULL
 
@@ -289,6 +314,17 @@ class _Clients:
             client.close()
 
 _clients = _Clients()
+
+def offsets_client(options: SourceOptions, conf: dict) -> _Client | None:
+    """A client of the extension for the driver's offsets lookups (``broker.KafkaMetadata``),
+    or None where the compiled engine does not read (not built, or ``readEngine=python``).
+    Kept for the process's life, closed at its exit."""
+    if unavailable() is not None or options.read_engine == "python":
+        return None
+    conf = {k: v for k, v in conf.items() if k != "logger"}   # the extension logs itself
+    client = _Client(conf, False, 1)
+    atexit.register(client.close)
+    return client
 
 class CompiledReader:
     """Read the ranges of ``readers`` (a task's, DESIGN §12: one or many) with one compiled

@@ -161,7 +161,12 @@ def partition_bounds(consumer: Consumer, options: SourceOptions, tasks: list[Ran
 def chunked_offsets(consumer, tps: list[KafkaTP], timeout: float) -> list:
     """``consumer.offsets_for_times(tps, timeout)`` (confluent-kafka's consumer or the compiled
     engine's) in calls of at most ``OFFSETS_CHUNK`` partitions, all within ``timeout``; a
-    call that fails fails the whole."""
+    call that fails fails the whole. The compiled engine's client makes the calls itself, in
+    C: one call from Python, which holds the GIL once, not once a chunk (on the planner's
+    thread that asks ahead, each chunk waited out Python's switch interval while the driver
+    folded the last batch)."""
+    if getattr(consumer, "chunks", False):
+        return consumer.offsets_for_times(tps, timeout, OFFSETS_CHUNK)
     deadline = time.monotonic() + timeout
     answer: list = []
     for i in range(0, len(tps), OFFSETS_CHUNK):

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <time.h>
 
 /* ---- librdkafka's public ABI (rdkafka.h), only what is used ---- */
 typedef struct rd_kafka_s rd_kafka_t;
@@ -232,21 +233,37 @@ kw_reader *kw_open(const char **names, const char **values, int nconf, int heade
     return r;
 }
 
+static int64_t monotonic_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 int kw_offsets(kw_reader *r, const char **topics, const int32_t *partitions,
-               int64_t *offsets, int32_t *errors, int n, int timeout_ms) {
-    rd_kafka_topic_partition_list_t *list = rk.tpl_new(n);
-    for (int i = 0; i < n; i++)
-        rk.tpl_add(list, topics[i], partitions[i])->offset = offsets[i];
-    int e = rk.offsets_for_times(r->rk, list, timeout_ms);
-    if (e == RD_KAFKA_RESP_ERR_NO_ERROR) {
-        for (int i = 0; i < n; i++) {
-            /* answered in the order asked (librdkafka updates the list in place) */
-            offsets[i] = list->elems[i].offset;
-            errors[i] = list->elems[i].err;
+               int64_t *offsets, int32_t *errors, int n, int chunk, int timeout_ms) {
+    int64_t deadline = monotonic_ms() + timeout_ms;
+    if (chunk <= 0)
+        chunk = n;
+    for (int first = 0; first < n; first += chunk) {
+        int count = n - first < chunk ? n - first : chunk;
+        int64_t left = deadline - monotonic_ms();
+        rd_kafka_topic_partition_list_t *list = rk.tpl_new(count);
+        for (int i = 0; i < count; i++)
+            rk.tpl_add(list, topics[first + i], partitions[first + i])->offset =
+                offsets[first + i];
+        int e = rk.offsets_for_times(r->rk, list, left < 50 ? 50 : (int)left);
+        if (e == RD_KAFKA_RESP_ERR_NO_ERROR) {
+            for (int i = 0; i < count; i++) {
+                /* answered in the order asked (librdkafka updates the list in place) */
+                offsets[first + i] = list->elems[i].offset;
+                errors[first + i] = list->elems[i].err;
+            }
         }
+        rk.tpl_destroy(list);
+        if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
+            return e;
     }
-    rk.tpl_destroy(list);
-    return e;
+    return RD_KAFKA_RESP_ERR_NO_ERROR;
 }
 
 int kw_metadata(kw_reader *r, const char *topic, int timeout_ms, int32_t *leaders, int cap,

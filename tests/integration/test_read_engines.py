@@ -395,3 +395,43 @@ def test_a_task_whose_brokers_are_all_down_fails_once_poll_timeout_passes_on_bot
                          rf"kafka.bootstrap.servers='{re.escape(own.bootstrap_servers)}'.*"
                          rf"no answer for kafkaConsumer.pollTimeoutMs=3000",
                          str(outcome[0])), (engine, str(outcome[0]))
+
+
+@pytest.mark.skipif(compiled.unavailable() is not None, reason="compiled engine not built")
+@pytest.mark.parametrize("engine", ["compiled", "python"])
+def test_the_drivers_offsets_lookups_answer_every_partition_on_both_engines(
+        broker, monkeypatch, engine):
+    """The driver asks many partitions' offsets through one client (``KafkaMetadata._quick``,
+    ``ask_ahead``): the compiled engine's where it reads, which asks every chunk of
+    ``OFFSETS_CHUNK`` partitions in one C call (the GIL released throughout), and counts a
+    named topic's partitions in C; confluent-kafka's with readEngine=python. Both give each
+    partition its own end and earliest offset, in chunks of uneven size, and the count; a
+    topic that does not exist fails the answer asked ahead, which the usual path then
+    asks again."""
+    from kwatermark import consumer
+    from kwatermark.broker import KafkaMetadata
+
+    monkeypatch.setattr(consumer, "OFFSETS_CHUNK", 16)   # 40 partitions: 16, 16 and 8
+    topic = broker.create_topic(40)
+    writer = TopicWriter(broker, topic)
+    writer.send([Record(p, 1_000 + i, value=b"x") for p in range(40) for i in range(p % 7 + 1)])
+    truth = {(topic, p): sum(r.partition == p for r in writer.produced) for p in range(40)}
+    metadata = KafkaMetadata(parse_options({
+        "kafka.bootstrap.servers": broker.bootstrap_servers, "subscribe": topic,
+        "readEngine": engine}))
+    tps = sorted(truth)
+    assert metadata.topics() == {topic: 40}   # a broker has answered: the quick path opens
+    ahead = metadata.ask_ahead(tps)
+    assert ahead.taken(ahead.topics) == {topic: 40}
+    assert ahead.taken(ahead.ends) == truth
+    assert isinstance(metadata._consumer, compiled._Client) == (engine == "compiled")
+    assert metadata.latest_offsets(tps) == truth
+    assert metadata.earliest_offsets(tps) == dict.fromkeys(tps, 0)
+    assert metadata._quick_after == 0.0, "a lookup fell back to the admin client"
+    missing = KafkaMetadata(parse_options({
+        "kafka.bootstrap.servers": broker.bootstrap_servers,
+        "subscribe": f"{topic},{topic}-never-created", "readEngine": engine}))
+    assert missing.topics() == {topic: 40}
+    ahead = missing.ask_ahead(tps)
+    assert ahead.taken(ahead.topics) == (None if engine == "compiled" else {topic: 40})
+    assert ahead.taken(ahead.ends) == truth
