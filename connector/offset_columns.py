@@ -116,17 +116,98 @@ def encode(col: Column, partitions: list[int], forms: list | None,
     candidates = list(forms)
     if candidates and n >= 32:
         return min(candidates, key=lambda c: (len(c["of"]), c["of"]))
+    # (form, its JSON's length when known without writing it); the forms that are not the
+    # column itself are made only for the one chosen, or to be measured
+    sized: list[tuple[object, int | None]] = [(c, None) for c in candidates]
+    common = None
     if scalar:
         common, count = _most_common(col)
         if count * 2 > n:
-            sparse = {"else": common, "at": _exceptions(col, partitions, common)}
             if n >= 32 and (n - count) * 8 <= n:
-                return sparse
-            candidates.append(sparse)
+                return _sparse(col, partitions, common)
+            sized.append((_SPARSE, _sparse_length(col, partitions, common)))
     if kinds <= INT_TYPES:
-        candidates.append({"d": _deltas(col)})
-    candidates.append(column)
-    return min(candidates, key=lambda c: len(json.dumps(c, separators=_SEP)))
+        sized.append((_DELTAS, _deltas_length(col)))
+    sized.append((column, _list_length(col)))
+    return _made(min(sized, key=lambda c: _length(c, col, partitions, common))[0], col,
+                 partitions, common)
+
+
+_DELTAS = object()   # encode: the {"d": ...} form
+_SPARSE = object()   # encode: the {"else": ..., "at": ...} form
+
+
+def _sparse(col: Column, partitions: list[int], common: object) -> dict:
+    return {"else": common, "at": _exceptions(col, partitions, common)}
+
+
+def _made(form: object, col: Column, partitions: list[int], common: object) -> object:
+    if form is _DELTAS:
+        return {"d": _deltas(col)}
+    if form is _SPARSE:
+        return _sparse(col, partitions, common)
+    return form
+
+
+def _length(candidate: tuple[object, int | None], col: Column, partitions: list[int],
+            common: object) -> int:
+    """The length of a candidate form's JSON: known, or measured by writing it."""
+    form, known = candidate
+    if known is not None:
+        return known
+    return len(json.dumps(_made(form, col, partitions, common), separators=_SEP))
+
+
+# 10, 100, ... 10**18: an int64's decimal digits are 1 + how many of these it reaches
+_POWERS = np.array([10 ** k for k in range(1, 19)], dtype=np.int64)
+
+
+def _ints_length(ints: np.ndarray) -> int:
+    """The characters of ``ints`` written as JSON numbers (no separators)."""
+    digits = np.searchsorted(_POWERS, np.abs(ints), side="right").sum() + len(ints)
+    return int(digits + np.count_nonzero(ints < 0))
+
+
+def _list_length(col: Column) -> int | None:
+    """``len(json.dumps(col.values))`` without writing it, for a column of ints and nulls
+    numpy holds (``Column.masked``); None for any other column."""
+    masked = col.masked
+    if masked is None:
+        return None
+    ints, nulls = masked
+    n = len(ints)
+    return _ints_length(ints[~nulls]) + 4 * int(np.count_nonzero(nulls)) + (n - 1) + 2
+
+
+def _sparse_length(col: Column, partitions: list[int], common: object) -> int | None:
+    """``len(json.dumps(_sparse(col, partitions, common)))`` as :func:`_list_length`, for a
+    column of ints and nulls whose most common value is an int or null."""
+    masked = col.masked
+    if masked is None or not (common is None or is_int(common)):
+        return None
+    ints, nulls = masked
+    other = ~nulls if common is None else nulls | (ints != common)
+    values = ints[other & ~nulls]
+    keys = np.array(partitions, dtype=np.int64)[other]
+    entries = len(keys)
+    common_length = 4 if common is None else _ints_length(np.array([common], dtype=np.int64))
+    # {"else":V,"at":{"p":x,...}}: each entry its quoted key, a colon, its value
+    return (8 + common_length + 7 + _ints_length(keys) + 3 * entries + _ints_length(values)
+            + 4 * (entries - len(values)) + max(0, entries - 1) + 2)
+
+
+def _deltas_length(col: Column) -> int | None:
+    """``len(json.dumps({"d": _deltas(col)}))`` as :func:`_list_length`: each int the
+    difference from the previous int, the nulls kept."""
+    masked = col.masked
+    if masked is None:
+        return None
+    ints, nulls = masked
+    n = len(ints)
+    present = ints[~nulls]
+    # within +-2**62 (Column.masked): a difference fits an int64
+    return (6 + _ints_length(np.diff(present, prepend=0)) + 4 * int(np.count_nonzero(nulls))
+            + (n - 1) + 2)
 
 
 def _exceptions(col: Column, partitions: list[int], common: object) -> dict[str, object]:

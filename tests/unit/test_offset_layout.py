@@ -390,3 +390,34 @@ def test_a_damaged_layout_2_offset_raises_only_offset_format_error(offset, name,
         assert str(exc).startswith("offset")
     else:
         assert BatchOffset.from_json(parsed.dumps()) == parsed
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(st.one_of(st.none(), st.integers(-2 ** 62 + 1, 2 ** 62 - 1),
+                                 st.integers(-1_000, 1_000), st.sampled_from([0, 9, 10, -10])),
+                       min_size=64, max_size=200))
+def test_a_columns_json_length_is_known_without_writing_it(values):
+    """A long column of ints and nulls is not written to JSON to learn how long each of its
+    forms is (a list, differences, one value but for some partitions): the lengths numpy counts are exactly JSON's, so the
+    shortest form chosen is the one writing every candidate would choose."""
+    from kwatermark.offset_columns import (
+        Column,
+        _deltas,
+        _deltas_length,
+        _list_length,
+        _most_common,
+        _sparse,
+        _sparse_length,
+    )
+
+    column = Column(values)
+    if column.masked is None:   # no int at all: written and measured, as before
+        assert all(v is None for v in values)
+        return
+    assert _list_length(column) == len(json.dumps(values, separators=(",", ":")))
+    assert _deltas_length(column) == len(json.dumps({"d": _deltas(column)},
+                                                    separators=(",", ":")))
+    partitions = [p * 7 for p in range(len(values))]   # not their places: keys of any width
+    for common in (_most_common(column)[0], None, 0, values[0]):
+        assert _sparse_length(column, partitions, common) == len(json.dumps(
+            _sparse(column, partitions, common), separators=(",", ":"))), common
