@@ -13,6 +13,8 @@ import math
 import re
 from dataclasses import dataclass, field, fields, replace
 
+import numpy as np
+
 from kwatermark.errors import KWatermarkError
 
 OFFSET_VERSION = 1   # the layout of PartitionState.to_json (keys progress records)
@@ -270,21 +272,30 @@ def fill_levels(parts: dict[TopicPartition, tuple[int, float, int]], rows: int
     rows = min(rows, sum(cap for _, _, cap in parts.values()))
     if rows <= 0:
         return dict.fromkeys(parts, 0)
-
     # f(level) = sum of the takes is piecewise linear: each partition adds its rate from its
-    # watermark on and stops at its cap. Walk the breakpoints to the segment reaching rows.
-    points = sorted([(mark, rate) for mark, rate, _ in parts.values()]
-                    + [(mark + cap / rate, -rate) for mark, rate, cap in parts.values()])
-    level, total, slope = points[0][0], 0.0, 0.0
-    for point, change in points:
-        if slope > 0 and total + slope * (point - level) >= rows:
-            level += (rows - total) / slope
-            break
-        total += slope * (point - level)
-        level, slope = point, slope + change
-    takes = {tp: min(float(cap), max(0.0, (level - mark) * rate))
-             for tp, (mark, rate, cap) in parts.items()}
-    return _whole(takes, {tp: cap for tp, (_, _, cap) in parts.items()}, rows)
+    # watermark on and stops at its cap. Walk the breakpoints (sorted by place, then by
+    # change) to the segment reaching rows: as a loop would, in the same float operations
+    # in the same order (cumsum adds one after the other), with numpy at thousands of
+    # partitions a planning.
+    marks = np.array([mark for mark, _, _ in parts.values()], dtype=np.float64)
+    rates = np.array([rate for _, rate, _ in parts.values()], dtype=np.float64)
+    caps = np.array([cap for _, _, cap in parts.values()], dtype=np.int64)
+    points = np.concatenate([marks, marks + caps / rates])
+    changes = np.concatenate([rates, -rates])
+    order = np.lexsort((changes, points))
+    points, changes = points[order], changes[order]
+    slope = np.concatenate(([0.0], np.cumsum(changes)[:-1]))     # before each point
+    level = np.concatenate((points[:1], points[:-1]))              # where it stood then
+    step = slope * (points - level)
+    total = np.concatenate(([0.0], np.cumsum(step)[:-1]))
+    reached = np.flatnonzero((slope > 0) & (total + step >= rows))
+    if reached.size:
+        k = reached[0]
+        at = level[k] + (rows - total[k]) / slope[k]
+    else:
+        at = points[-1]
+    takes = np.minimum(caps.astype(np.float64), np.maximum(0.0, (at - marks) * rates))
+    return _whole(list(parts), takes, caps, rows)
 
 
 def read_densities(start: BatchOffset, states: dict[TopicPartition, PartitionState],
@@ -326,36 +337,38 @@ def proportional(lags: dict[TopicPartition, int], rows: int) -> dict[TopicPartit
     total = sum(lags.values())
     if total == 0 or rows <= 0:
         return dict.fromkeys(lags, 0)
-    return _whole({tp: rows * lag / total for tp, lag in lags.items()}, lags, rows)
+    caps = np.array(list(lags.values()), dtype=np.int64)
+    return _whole(list(lags), np.array([rows * lag / total for lag in lags.values()]), caps,
+                  rows)
 
 
-def _whole(shares: dict[TopicPartition, float], caps: dict[TopicPartition, int], rows: int
+def _whole(tps: list[TopicPartition], shares: np.ndarray, caps: np.ndarray, rows: int
            ) -> dict[TopicPartition, int]:
-    """``shares`` as integers within ``caps`` adding up to ``rows`` (at most the caps'
-    total): floored, then one more each to the largest remainders (ties: larger cap, then
-    topic/partition order)."""
-    taken = {tp: min(caps[tp], max(0, math.floor(share))) for tp, share in shares.items()}
-    left = rows - sum(taken.values())
+    """``shares`` (of ``tps``) as integers within ``caps`` adding up to ``rows`` (at most the
+    caps' total): floored, then one more each to the largest remainders (ties: larger cap,
+    then topic/partition order), as many rounds as it takes."""
+    taken = np.minimum(caps, np.maximum(0, np.floor(shares)).astype(np.int64))
+    left = rows - int(taken.sum())
     # largest remainder first (taken - share is exactly -(share - taken)), then larger cap,
-    # then topic/partition order: tuples compared in C, not a Python key call per partition
-    by_remainder = [tp for _, _, tp in sorted([(taken[tp] - share, -caps[tp], tp)
-                                               for tp, share in shares.items()])]
+    # then topic/partition order (each topic's rank among the names, then the partition)
+    names = sorted({topic for topic, _ in tps})
+    rank = {topic: i for i, topic in enumerate(names)}
+    order = np.lexsort((np.array([p for _, p in tps], dtype=np.int64),
+                        np.array([rank[t] for t, _ in tps], dtype=np.int64),
+                        -caps, taken - shares))
     while left < 0:   # rounding above rows: back from the smallest remainders
-        for tp in reversed(by_remainder):
-            if left < 0 and taken[tp] > 0:
-                taken[tp] -= 1
-                left += 1
-    while left > 0:
-        before = left
-        for tp in by_remainder:
-            if left <= 0:
-                break
-            if taken[tp] < caps[tp]:
-                taken[tp] += 1
-                left -= 1
-        if left == before:
+        can = order[::-1][taken[order[::-1]] > 0][:-left]
+        if not can.size:
             break
-    return taken
+        taken[can] -= 1
+        left += can.size
+    while left > 0:
+        can = order[taken[order] < caps[order]][:left]
+        if not can.size:
+            break
+        taken[can] += 1
+        left -= can.size
+    return dict(zip(tps, taken.tolist()))
 
 
 def held_by_alignment(watermarks: dict[TopicPartition, int], unread: dict[TopicPartition, int],
