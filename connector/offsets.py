@@ -411,6 +411,19 @@ class RangeTask:
         return self.topic, self.partition
 
 
+def new_task(topic: str, partition: int, start: int, end: int, state: PartitionState,
+             counted: bool, previous_ms: int | None, others_ms: int, floor_ms: int | None
+             ) -> RangeTask:
+    """``RangeTask(...)``, as :func:`new_lag`: the planner makes one per partition read in
+    a batch (thousands), where the frozen dataclass's ``__init__`` sets nine fields one
+    ``object.__setattr__`` at a time."""
+    task = object.__new__(RangeTask)
+    task.__dict__.update(topic=topic, partition=partition, start=start, end=end, state=state,
+                         counted=counted, previous_ms=previous_ms, others_ms=others_ms,
+                         floor_ms=floor_ms)
+    return task
+
+
 def split_range(start: int, end: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` contiguous, nearly equal sub-ranges of ``[start, end)``."""
     parts = max(1, min(parts, end - start))

@@ -26,6 +26,7 @@ from kwatermark.offsets import (
     held_by_alignment,
     new_lag,
     new_range,
+    new_task,
     pack_tasks,
     plan_splits,
     rate_limit,
@@ -646,7 +647,7 @@ class BatchPlanner:
                 floor, ceiling = bounds[tp]
                 floor = to_optional(floor)
             for start, end in pieces:
-                tasks.append(RangeTask(
+                tasks.append(new_task(
                     tp[0], tp[1], start, end, offset.partitions[tp].state, counted[tp],
                     offset.watermark, ceiling, floor))
         return tasks
