@@ -544,7 +544,7 @@ class KafkaMetadata:
         else confluent-kafka's."""
         from kwatermark import compiled
         conf = task_conf(self.options, 1)
-        client = compiled.offsets_client(self.options, conf)
+        client = compiled.offsets_client(self.options, conf, self)
         if client is not None:
             return client
         conf["logger"] = librdkafka_logger()

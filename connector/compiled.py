@@ -23,6 +23,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from types import SimpleNamespace
 
@@ -315,15 +316,15 @@ class _Clients:
 
 _clients = _Clients()
 
-def offsets_client(options: SourceOptions, conf: dict) -> _Client | None:
-    """A client of the extension for the driver's offsets lookups (``broker.KafkaMetadata``),
-    or None where the compiled engine does not read (not built, or ``readEngine=python``).
-    Kept for the process's life, closed at its exit."""
+def offsets_client(options: SourceOptions, conf: dict, owner: object) -> _Client | None:
+    """A client of the extension for the driver's offsets lookups, or None where the
+    compiled engine does not read (not built, or ``readEngine=python``). Closed when
+    ``owner`` (its ``broker.KafkaMetadata``) is collected, or at the interpreter's exit."""
     if unavailable() is not None or options.read_engine == "python":
         return None
     conf = {k: v for k, v in conf.items() if k != "logger"}   # the extension logs itself
     client = _Client(conf, False, 1)
-    atexit.register(client.close)
+    weakref.finalize(owner, client.close)
     return client
 
 class CompiledReader:

@@ -6,6 +6,7 @@ The ground truth for offsets and values is what the producer wrote, not either e
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import shutil
@@ -407,7 +408,8 @@ def test_the_drivers_offsets_lookups_answer_every_partition_on_both_engines(
     named topic's partitions in C; confluent-kafka's with readEngine=python. Both give each
     partition its own end and earliest offset, in chunks of uneven size, and the count; a
     topic that does not exist fails the answer asked ahead, which the usual path then
-    asks again."""
+    asks again. The client closes with the metadata that made it (a driver plans query
+    after query)."""
     from kwatermark import consumer
     from kwatermark.broker import KafkaMetadata
 
@@ -435,3 +437,9 @@ def test_the_drivers_offsets_lookups_answer_every_partition_on_both_engines(
     ahead = missing.ask_ahead(tps)
     assert ahead.taken(ahead.topics) == (None if engine == "compiled" else {topic: 40})
     assert ahead.taken(ahead.ends) == truth
+    # a driver runs query after query: each one's client is closed with its metadata
+    client = metadata._consumer
+    del metadata, ahead, missing
+    gc.collect()
+    if engine == "compiled":
+        assert client.handle == compiled.ffi.NULL, "the driver's offsets client stays open"
