@@ -7,9 +7,10 @@ earliest offset with ``maxOffsetsPerTrigger=--per-batch`` into the noop sink, ru
 alternating between the counts (4, 512, 512, 4, ...). The figure is the median
 ``triggerExecution`` of every full batch after a run's first three (Spark's JIT is still
 compiling for the first several batches of a run: 506 -> 232 ms over twelve at 512
-partitions). Prints every run's batches and the ratio of the medians, and the median driver
-planning (``latestOffset``) of the same batches; results go to
-``bench/results/steady-scale.json``.
+partitions). Prints every run's batches and the ratio of the medians, the median driver
+planning (``latestOffset``) of the same batches, and the median of each phase Spark times
+(``durationMs``: ``addBatch`` the tasks, ``walCommit`` the offsets log, ...) at both counts;
+results go to ``bench/results/steady-scale.json``.
 
 Run: ``python bench/bench_steady_scale.py`` (about 3 minutes on 2 cores).
 """
@@ -54,9 +55,10 @@ def append(bootstrap: str, topic: str, partitions: int, records: int) -> None:
 
 
 def run(spark: SparkSession, bootstrap: str, topic: str, per_batch: int, work: str
-        ) -> tuple[list[int], list[int]]:
-    """One AvailableNow run from the earliest offset: each full batch's triggerExecution
-    and latestOffset (the driver's planning)."""
+        ) -> list[dict[str, int]]:
+    """One AvailableNow run from the earliest offset: each full batch's ``durationMs``
+    (``triggerExecution``, ``latestOffset``: the driver's planning, ``addBatch``: the
+    tasks, ``walCommit``, ``commitOffsets``...)."""
     name = uuid.uuid4().hex
     query = (spark.readStream.format("kwatermark")
              .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
@@ -66,9 +68,7 @@ def run(spark: SparkSession, bootstrap: str, topic: str, per_batch: int, work: s
              .writeStream.format("noop").option("checkpointLocation", f"{work}/cp-{name}")
              .trigger(availableNow=True).start())
     query.awaitTermination()
-    full = [p for p in query.recentProgress if p.numInputRows == per_batch]
-    return ([p.durationMs["triggerExecution"] for p in full],
-            [p.durationMs.get("latestOffset", 0) for p in full])
+    return [dict(p.durationMs) for p in query.recentProgress if p.numInputRows == per_batch]
 
 
 def main() -> None:
@@ -92,31 +92,41 @@ def main() -> None:
         for count in (low, high):
             produce(broker.bootstrap_servers, f"steady-{count}", count,
                     args.per_batch * args.batches)
-        warm: dict[int, list[int]] = {low: [], high: []}
-        planning: dict[int, list[int]] = {low: [], high: []}
+        warm: dict[int, list[dict[str, int]]] = {low: [], high: []}
         runs = []
         with tempfile.TemporaryDirectory() as work:
             for count in [low, high, high, low] * args.rounds:
-                batches, plans = run(spark, broker.bootstrap_servers, f"steady-{count}",
-                                     args.per_batch, work)
-                warm[count] += batches[SKIPPED:]
-                planning[count] += plans[SKIPPED:]
+                durations = run(spark, broker.bootstrap_servers, f"steady-{count}",
+                                args.per_batch, work)
+                warm[count] += durations[SKIPPED:]
+                batches = [d["triggerExecution"] for d in durations]
+                plans = [d.get("latestOffset", 0) for d in durations]
                 runs.append({"partitions": count, "trigger_ms": batches,
-                             "latest_offset_ms": plans})
+                             "latest_offset_ms": plans, "duration_ms": durations})
                 print(f"{count:>5} partitions: {batches} ms; planning {plans} ms", flush=True)
-        medians = {count: statistics.median(times) for count, times in warm.items()}
-        plan_medians = {count: statistics.median(times) for count, times in planning.items()}
+        phases = sorted({phase for count in warm for d in warm[count] for phase in d})
+        phase_medians = {count: {phase: statistics.median(d.get(phase, 0) for d in warm[count])
+                                 for phase in phases} for count in warm}
+        medians = {count: phase_medians[count]["triggerExecution"] for count in warm}
+        plan_medians = {count: phase_medians[count]["latestOffset"] for count in warm}
         ratio = medians[high] / medians[low]
         print(f"median of batches {SKIPPED + 1}-{args.batches} of every run: {low} partitions "
               f"{medians[low]:.0f} ms, {high} partitions {medians[high]:.0f} ms, ratio "
               f"{ratio:.2f}x (n={len(warm[low])}, {len(warm[high])}); planning (latestOffset) "
               f"{plan_medians[low]:.0f} and {plan_medians[high]:.0f} ms")
+        # What each phase of Spark's micro-batch adds (durationMs; triggerExecution holds
+        # the others): where the batch at many partitions spends what the one at few does not
+        print(f"{'phase (median ms)':<20}{low:>8}{high:>8}  difference")
+        for phase in phases:
+            a, b = phase_medians[low][phase], phase_medians[high][phase]
+            print(f"{phase:<20}{a:>8.0f}{b:>8.0f}  {b - a:+.0f}")
         os.makedirs(os.path.dirname(args.results), exist_ok=True)
         with open(args.results, "w") as out:
             json.dump({"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                        "per_batch": args.per_batch, "batches": args.batches, "runs": runs,
                        "median_ms": {str(k): v for k, v in medians.items()},
                        "planning_median_ms": {str(k): v for k, v in plan_medians.items()},
+                       "phase_median_ms": {str(k): v for k, v in phase_medians.items()},
                        "ratio": ratio, "load_avg": os.getloadavg()}, out, indent=1)
     finally:
         spark.stop()
