@@ -484,8 +484,12 @@ class KafkaMetadata:
         names = sorted(set(subscription.topics) | {t for t, _ in subscription.assigned})
         client = None
         if subscription.kind != "subscribePattern" and len(names) <= NAMED_METADATA_MAX:
-            with self._quick_lock:
-                client = self._consumer = self._consumer or self._offsets_consumer()
+            # Not behind _quick's lock, held through its lookup on the other thread: the
+            # two requests go out together (librdkafka's handle is thread-safe).
+            client = self._consumer
+            if client is None:
+                with self._quick_lock:
+                    client = self._consumer = self._consumer or self._offsets_consumer()
         if not hasattr(client, "partition_count"):
             return self._topic_counts(timeout)
         return {name: client.partition_count(name, timeout) for name in names}
