@@ -129,8 +129,12 @@ def encode(col: Column, partitions: list[int], forms: list | None,
     if kinds <= INT_TYPES:
         sized.append((_DELTAS, _deltas_length(col)))
     sized.append((column, _list_length(col)))
-    return _made(min(sized, key=lambda c: _length(c, col, partitions, common))[0], col,
-                 partitions, common)
+    # a form whose length is not known is made (once) and measured by writing it
+    sized = [(form, known) if known is not None else (_made(form, col, partitions, common),
+                                                      None) for form, known in sized]
+    chosen = min(sized, key=lambda c: c[1] if c[1] is not None
+                 else len(json.dumps(c[0], separators=_SEP)))[0]
+    return _made(chosen, col, partitions, common)
 
 
 _DELTAS = object()   # encode: the {"d": ...} form
@@ -142,20 +146,12 @@ def _sparse(col: Column, partitions: list[int], common: object) -> dict:
 
 
 def _made(form: object, col: Column, partitions: list[int], common: object) -> object:
+    """The form itself for ``_DELTAS``/``_SPARSE``; any other form is one already."""
     if form is _DELTAS:
         return {"d": _deltas(col)}
     if form is _SPARSE:
         return _sparse(col, partitions, common)
     return form
-
-
-def _length(candidate: tuple[object, int | None], col: Column, partitions: list[int],
-            common: object) -> int:
-    """The length of a candidate form's JSON: known, or measured by writing it."""
-    form, known = candidate
-    if known is not None:
-        return known
-    return len(json.dumps(_made(form, col, partitions, common), separators=_SEP))
 
 
 # 10, 100, ... 10**18: an int64's decimal digits are 1 + how many of these it reaches

@@ -356,8 +356,9 @@ def _whole(tps: list[TopicPartition], shares: np.ndarray, caps: np.ndarray, rows
     order = np.lexsort((np.array([p for _, p in tps], dtype=np.int64),
                         np.array([rank[t] for t, _ in tps], dtype=np.int64),
                         -caps, taken - shares))
+    backwards = order[::-1]
     while left < 0:   # rounding above rows: back from the smallest remainders
-        can = order[::-1][taken[order[::-1]] > 0][:-left]
+        can = backwards[taken[backwards] > 0][:-left]
         if not can.size:
             break
         taken[can] -= 1
