@@ -332,11 +332,17 @@ class BatchPlanner:
                 self._loss(tp, f"its end offset went back from {begin} to {latest[tp]} "
                                f"(topic recreated or truncated)")
                 begins[tp] = self.metadata.earliest_offsets([tp])[tp]
-        self.latest_seen = dict(latest)
+        if latest != self.latest_seen:   # else the same object: reportLatestOffset's cache
+            self.latest_seen = dict(latest)
         ends = dict(latest)
         if self._target is not None:
             ends = {tp: min(end, self._target.get(tp, begins[tp])) for tp, end in ends.items()}
             ends = {tp: max(end, begins[tp]) for tp, end in ends.items()}
+        if not self.options.heartbeat and all(end == begins[tp] for tp, end in ends.items()):
+            # Nothing new anywhere (a read limit only takes records away): no batch, and no
+            # per-partition work. Spark asks again every few ms while a query idles (10 ms
+            # apart under the default trigger), thousands of partitions each time.
+            return None
         now = now_ms()
         ends, held, admitted_marks = self._admit(begins, ends, states, limits, now, start)
         available = sum(ends[tp] - begins[tp] for tp in ends)

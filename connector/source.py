@@ -300,6 +300,7 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._initial: dict | None = None
         self._next_start: dict | None = None
         self._warned_single_batch = False
+        self._reported: tuple[dict, dict] | None = None   # reportLatestOffset's last answer
 
     @_cause_first
     @_gc_paused
@@ -364,11 +365,15 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Each partition's end offset at the last trigger, in the shape of Spark's Kafka
         source (``{"topic": {"0": 42}}``): ``latestOffset`` in the query progress. Spark calls
         it right after ``latestOffset`` (pyspark >= 4.2; older ones never call it)."""
-        if not self.planner.latest_seen:
+        seen = self.planner.latest_seen
+        if not seen:
             return None
+        if self._reported is not None and self._reported[0] is seen:
+            return self._reported[1]   # an idle query asks every few ms: made once
         latest: dict[str, dict[str, int]] = {}
-        for (topic, partition), end in sorted(self.planner.latest_seen.items()):
+        for (topic, partition), end in sorted(seen.items()):
             latest.setdefault(topic, {})[str(partition)] = end
+        self._reported = (seen, latest)
         return latest
 
     @_cause_first
