@@ -338,7 +338,7 @@ class BatchPlanner:
         if self._target is not None:
             ends = {tp: min(end, self._target.get(tp, begins[tp])) for tp, end in ends.items()}
             ends = {tp: max(end, begins[tp]) for tp, end in ends.items()}
-        if not self.options.heartbeat and all(end == begins[tp] for tp, end in ends.items()):
+        if not self.options.heartbeat and ends == begins:
             # Nothing new anywhere (a read limit only takes records away): no batch, and no
             # per-partition work. Spark asks again every few ms while a query idles (10 ms
             # apart under the default trigger), thousands of partitions each time.
