@@ -1,9 +1,10 @@
 """An idle query's polls (DESIGN §21): Spark asks ``latestOffset`` every few ms while nothing
-arrives (10 ms apart under the default trigger), and at thousands of partitions each poll
-that walked every partition's state cost the driver's planning process more than half a
-core. With nothing new anywhere a poll plans no batch and computes no partition's
-watermark; ``reportLatestOffset`` is made again only when an end offset moved. Records
-that arrive after idle polls are planned as before."""
+arrives (10 ms apart under the default trigger), and at 4,096 partitions a poll that walked
+every partition's state for the read limit took 9 ms of the planner's Python, 4 without
+(bench/README.md, "An idle query at many partitions"). With nothing new anywhere a poll
+plans no batch and computes no partition's watermark; ``reportLatestOffset`` is made again
+only when an end offset moved. Records that arrive after idle polls are planned as
+before."""
 
 from __future__ import annotations
 
