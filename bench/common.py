@@ -242,6 +242,19 @@ def drain(reader) -> tuple[int, float]:
     return rows, time.perf_counter() - started
 
 
+def process_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) a process has used, from /proc; 0 for no process (an
+    external broker) or one that has ended."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb() -> float:
     """This process's peak resident set size so far, in MB.
 

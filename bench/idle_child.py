@@ -13,24 +13,11 @@ import os
 import statistics
 import time
 
+import common
 from child_run import fresh, log, measure_and_reply
 from partitions_child import descendants
 
 from tests.support.sparkkafka import baseline_session, child_io
-
-HZ = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_ticks(pid: int | None) -> int:
-    """utime + stime of a process, 0 when it is gone."""
-    if pid is None:
-        return 0
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0
-    return int(fields[11]) + int(fields[12])
 
 
 def idle_cpu(spark, request: dict, case: dict, fmt: str) -> dict:
@@ -52,12 +39,13 @@ def idle_cpu(spark, request: dict, case: dict, fmt: str) -> dict:
         jvm = spark.sparkContext._gateway.proc.pid
         pythons = descendants(jvm)
         parties = {"jvm": [jvm], "python": pythons, "broker": [request["broker_pid"]]}
-        before = {pid: cpu_ticks(pid) for pids in parties.values() for pid in pids}
+        before = {pid: common.process_cpu_s(pid) for pids in parties.values() for pid in pids}
         started = time.monotonic()
         time.sleep(request["seconds"])
         elapsed = time.monotonic() - started
         # a process gone in the meantime (a worker Spark ended) is not counted
-        spent = {pid: max(0, cpu_ticks(pid) - ticks) for pid, ticks in before.items()}
+        spent = {pid: max(0.0, common.process_cpu_s(pid) - cpu)
+                 for pid, cpu in before.items()}
         # Spark reports an idle query every 10 s (noDataProgressEventInterval): the
         # duration of its last ask for new offsets
         polls = [p.durationMs.get("latestOffset") for p in query.recentProgress
@@ -67,7 +55,7 @@ def idle_cpu(spark, request: dict, case: dict, fmt: str) -> dict:
                                f"idle ({query.exception()})")
     finally:
         query.stop()
-    cores = {k: sum(spent[p] for p in pids) / HZ / elapsed for k, pids in parties.items()}
+    cores = {k: sum(spent[p] for p in pids) / elapsed for k, pids in parties.items()}
     cores["total"] = sum(cores.values())
     cores["poll_ms"] = statistics.median(polls) if polls else None
     return cores
@@ -93,6 +81,7 @@ def main() -> None:
                                  "format": fmt, **cores})
 
     measure_and_reply(spark, reply, session_s, load_before, measure)
+
 
 if __name__ == "__main__":
     main()

@@ -126,9 +126,9 @@ def one_count(broker: common.Broker, n: int, args: argparse.Namespace) -> dict:
         if args.cprofile == n and batch == 1:
             profiler = cProfile.Profile()
             profiler.enable()
-        broker_before, own_before = _cpu_s(broker.pid), time.process_time()
+        broker_before, own_before = common.process_cpu_s(broker.pid), time.process_time()
         rows = sum(run_task(worker, p, split) for p in parts)
-        broker_s = _cpu_s(broker.pid) - broker_before
+        broker_s = common.process_cpu_s(broker.pid) - broker_before
         own_s = time.process_time() - own_before
         if profiler is not None:
             profiler.disable()
@@ -154,15 +154,6 @@ def one_count(broker: common.Broker, n: int, args: argparse.Namespace) -> dict:
     broker.delete_topic(topic)
     return {"tasks": len(parts), "phases": {k: statistics.median(v) for k, v in phases.items()},
             "profile": profile_text, "driver_profile": driver_text}
-
-
-def _cpu_s(pid: int | None) -> float:
-    """CPU seconds the broker process (Tansu, started here) has used; 0 for an external one."""
-    if pid is None:
-        return 0.0
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _max_rows(n: int):
