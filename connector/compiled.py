@@ -24,7 +24,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from types import SimpleNamespace
 
 import numpy as np
@@ -64,6 +64,10 @@ MAX_PARTITIONS = 1 << 16   # leaders read per topic (a topic has at most some th
 # their ranges, would take the Fetch answers' room from the others) and destroys its
 # consumer at the end instead of keeping it; the next such task makes a new one.
 DISCARD_PARTITIONS = 1024
+# The longest a task's new consumer waits for its topics' metadata before it starts reading
+# (_Client.learn_topics; ~45 ms at 4,096 partitions, librdkafka taking in every partition);
+# a slower answer is not waited for.
+LEARN_TOPIC_S = 1.0
 STOP_AFTER_S = 1.0
 
 try:
@@ -148,6 +152,9 @@ class _Client:
 
     def __init__(self, conf: dict, headers: bool, max_records: int, pool_key: tuple = ()):
         self.key = pool_key   # _Clients' key: the configuration it was made with
+        self.made_with = (conf, headers, max_records)
+        self.described: set[str] = set()   # topics whose metadata it has (learn_topics)
+        self.topics: list[str] = []   # the topics of the last task it read
         names, values = [], []
         for key, value in conf.items():
             if isinstance(value, bool):
@@ -198,6 +205,26 @@ class _Client:
                                             f"no partitions of topic {topic} in the answer"))
         return count
 
+    def learn_topics(self, topics: Iterable[str]) -> None:
+        """Ask ``topics``' metadata before any of their partitions starts. A consumer that
+        learns a topic only as it starts reading it hands the topic's partitions to its
+        broker thread while that thread already fetches the first ones, and some of them
+        then joined it up to a second later: new consumers of 2,048 partitions of a
+        4,096-partition topic read two records a partition in a median 115 ms, but over
+        400 ms (up to 1.3 s) in 8 of 132 tasks; learning the topic first, 160 ms and none
+        (``bench/bench_new_consumer.py``). A consumer made ahead (``_replace``) or pooled
+        knows its topics already. An error is left to the read, which reports it as
+        before."""
+        for topic in topics:
+            if topic in self.described:
+                continue
+            try:
+                self.partition_count(topic, LEARN_TOPIC_S)
+            except KafkaException as exc:
+                log.debug("metadata of topic %s before reading: %s", topic, exc)
+                continue
+            self.described.add(topic)
+
     def list_topics(self, topic: str, timeout: float) -> SimpleNamespace:
         """``topic``'s metadata, shaped as confluent-kafka's ``ClusterMetadata`` where
         ``kwatermark.consumer`` and ``retries.leader_of`` read it (each partition's leader,
@@ -233,7 +260,8 @@ def _discard(client: _Client) -> None:
     """Destroy a task's consumer of many partitions (``kw_discard``) on a thread, so that
     the task ends without waiting for it: librdkafka's destroy of a consumer with 4,096
     started partitions took 8-30 ms, and 400-580 ms (its own threads busy) in about one
-    task of three. One such destroy runs at a time; a task that ends while one runs
+    task of three. The same thread then makes the worker's next task a consumer
+    (``_replace``). One such destroy runs at a time; a task that ends while one runs
     destroys its own consumer itself, so unfinished destroys never pile up."""
     handle, client.handle = client.handle, ffi.NULL
     if not _discarding.acquire(blocking=False):
@@ -243,10 +271,28 @@ def _discard(client: _Client) -> None:
     def destroy() -> None:
         try:
             lib.kw_discard(handle)
+            _replace(client)
         finally:
             _discarding.release()
 
     threading.Thread(target=destroy, daemon=True, name="kwatermark-discard").start()
+
+
+def _replace(client: _Client) -> None:
+    """A consumer made as ``client`` was, that knows its topics, kept for the worker's next
+    task: made while the worker waits for that task, not by it. Through Spark, 4,096-partition
+    batches took a median 817 ms, and over 1.3 s in 10 of 28, with each task making its
+    own; 762 ms and none with consumers made ahead (bench/README.md, "A new consumer's late
+    partitions")."""
+    if _clients.shut:
+        return
+    conf, headers, max_records = client.made_with
+    try:
+        fresh = _Client(conf, headers, max_records, client.key)
+    except KWatermarkError:
+        return   # the task's own consumer was made with these: the next task says why
+    fresh.learn_topics(client.topics)
+    _clients.give_back(fresh)
 
 
 class _Clients:
@@ -260,7 +306,8 @@ class _Clients:
     removes it, ``give_back`` returns it reset (``kw_reset``: every partition stopped,
     nothing the last task fetched left to read). A task that fails, or that Spark stops
     early, closes its consumer instead, and so does a task of more than
-    ``DISCARD_PARTITIONS`` partitions (``kw_discard``). At most ``CAPACITY`` are kept; a
+    ``DISCARD_PARTITIONS`` partitions (``kw_discard``), whose consumer one made for the
+    next task replaces (``_replace``). At most ``CAPACITY`` are kept; a
     thread closes one unused for ``IDLE_S`` (its connections otherwise stay open, and it
     reports a broker gone in the meantime as errors, in a worker no task uses), and so does
     the interpreter's exit (before librdkafka's threads could log into a finalizing
@@ -273,6 +320,7 @@ class _Clients:
         self.kept: dict[tuple, tuple[_Client, float]] = {}
         self.lock = threading.Lock()
         self.evictor: threading.Thread | None = None
+        self.shut = False   # the interpreter exits: nothing is kept any more
 
     def take(self, conf: dict, headers: bool, max_records: int) -> _Client:
         key = (tuple(sorted((str(k), str(v)) for k, v in conf.items())), headers,
@@ -288,16 +336,17 @@ class _Clients:
             client.close()
             return
         with self.lock:
-            surplus = [client] if client.key in self.kept else []   # two were in use
+            # two were in use, or the interpreter exits
+            surplus = [client] if client.key in self.kept or self.shut else []
             if not surplus:
                 self.kept[client.key] = (client, time.monotonic())
             while len(self.kept) > self.CAPACITY:
                 surplus.append(self.kept.pop(next(iter(self.kept)))[0])
-            if self.evictor is None:
+            if self.evictor is None and not self.shut:
                 self.evictor = threading.Thread(target=self._evict, daemon=True,
                                                 name="kwatermark-consumers")
                 self.evictor.start()
-                atexit.register(self.close_all)
+                atexit.register(self.shut_down)
         for extra in surplus:
             extra.close()
 
@@ -305,6 +354,11 @@ class _Clients:
         while True:
             time.sleep(self.IDLE_S / 4)
             self.close_all(idle_s=self.IDLE_S)
+
+    def shut_down(self) -> None:
+        with self.lock:
+            self.shut = True
+        self.close_all()
 
     def close_all(self, idle_s: float = 0.0) -> None:
         now = time.monotonic()
@@ -391,6 +445,8 @@ class CompiledReader:
         # than 8 ranges pointed into freed memory and their ranges ended unread.
         lanes = [_Lane(index, reader, lib.kw_lane_at(handle, index))
                  for index, reader in added]
+        client.topics = sorted({topic for topic, _ in by_tp})
+        client.learn_topics(client.topics)
         err = ffi.new("char[]", ERROR_TEXT)
         if lib.kw_start(handle, err, ERROR_TEXT) != 0:
             first = lanes[0]

@@ -281,7 +281,8 @@ def test_a_task_of_many_partitions_destroys_its_consumer_with_them_started(
     task ends within STOP_AFTER_S (nothing stopped) and when it runs longer (its finished
     partitions stopped then), with one range far longer than the others whose partitions
     go on past their ranges; its consumer is not kept but destroyed on a thread of its own,
-    and the next task reads on."""
+    which then makes the worker's next task a consumer that knows the topic, and the next
+    task reads on with that one."""
     monkeypatch.setattr(compiled, "_clients", compiled._Clients())
     monkeypatch.setattr(compiled, "DISCARD_PARTITIONS", 4)
     monkeypatch.setattr(compiled, "STOP_AFTER_S", stop_after_s)
@@ -292,10 +293,14 @@ def test_a_task_of_many_partitions_destroys_its_consumer_with_them_started(
     options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
                              "subscribe": topic, "readEngine": "compiled",
                              "arrow.maxRecordsPerBatch": "500"})
-    for spans in ([(0, 0, 2_500)] + [(p, 0, 3) for p in range(1, 6)],
-                  [(0, 2_500, 2_600)] + [(p, 3, 40) for p in range(1, 6)]):
+    made_ahead = []
+    # (the longest range of each task the same length: the same prefetch, so the same
+    # consumer configuration, as a steady stream's micro-batches ask)
+    for spans in ([(0, 0, 1_200)] + [(p, 0, 3) for p in range(1, 6)],
+                  [(0, 1_200, 2_400)] + [(p, 3, 40) for p in range(1, 6)]):
         tasks = [RangeTask(topic, p, a, b, PartitionState(), True, None, NO_PARTITIONS)
                  for p, a, b in spans]
+        before = [client for client, _ in compiled._clients.kept.values()]
         table = pa.Table.from_batches(list(PackReader(options, OutputLayout(), Decoders(),
                                                       tasks)),
                                       schema=OutputLayout().schema())
@@ -304,10 +309,16 @@ def test_a_task_of_many_partitions_destroys_its_consumer_with_them_started(
                          table.column("value").to_pylist()))
         assert got == [(p, i, f"{p}-{i}".encode()) for p, a, b in spans
                        for i in range(a, b)]
-        assert not compiled._clients.kept
+        assert before == made_ahead
+        assert all(client.handle == compiled.ffi.NULL for client in before), \
+            "the consumer made ahead was not the one this task read and destroyed"
         # the task ended without waiting for its consumer's destroy, which still ends
         assert compiled._discarding.acquire(timeout=30), "a discarded consumer never closed"
         compiled._discarding.release()
+        made_ahead = [client for client, _ in compiled._clients.kept.values()]
+        assert len(made_ahead) == 1 and made_ahead[0] not in before
+        assert made_ahead[0].handle != compiled.ffi.NULL
+        assert made_ahead[0].described == {topic}
 
 
 @pytest.mark.parametrize("engine", ["python"] + (
