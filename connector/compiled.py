@@ -64,9 +64,9 @@ MAX_PARTITIONS = 1 << 16   # leaders read per topic (a topic has at most some th
 # their ranges, would take the Fetch answers' room from the others) and destroys its
 # consumer at the end instead of keeping it; the next such task makes a new one.
 DISCARD_PARTITIONS = 1024
-# The longest a task's new consumer waits for its topics' metadata before it starts reading
-# (_Client.learn_topics; ~45 ms at 4,096 partitions, librdkafka taking in every partition);
-# a slower answer is not waited for.
+# The longest a new consumer of more than DISCARD_PARTITIONS partitions waits for its
+# topics' metadata before it starts reading (_Client.learn_topics; ~45 ms at 4,096
+# partitions, librdkafka taking in every partition); a slower answer is not waited for.
 LEARN_TOPIC_S = 1.0
 STOP_AFTER_S = 1.0
 
@@ -212,9 +212,11 @@ class _Client:
         then joined it up to a second later: new consumers of 2,048 partitions of a
         4,096-partition topic read two records a partition in a median 115 ms, but over
         400 ms (up to 1.3 s) in 8 of 132 tasks; learning the topic first, 160 ms and none
-        (``bench/bench_new_consumer.py``). A consumer made ahead (``_replace``) or pooled
-        knows its topics already. An error is left to the read, which reports it as
-        before."""
+        (``bench/bench_new_consumer.py``). Asked by tasks of more than
+        ``DISCARD_PARTITIONS`` partitions, one request a topic: the tasks that make a new
+        consumer every batch (or have one made ahead, ``_replace``, which learns them
+        there); smaller tasks keep theirs, and a consumer learns a topic once. An error is
+        left to the read, which reports it as before."""
         for topic in topics:
             if topic in self.described:
                 continue
@@ -446,7 +448,8 @@ class CompiledReader:
         lanes = [_Lane(index, reader, lib.kw_lane_at(handle, index))
                  for index, reader in added]
         client.topics = sorted({topic for topic, _ in by_tp})
-        client.learn_topics(client.topics)
+        if len(by_tp) > DISCARD_PARTITIONS:
+            client.learn_topics(client.topics)
         err = ffi.new("char[]", ERROR_TEXT)
         if lib.kw_start(handle, err, ERROR_TEXT) != 0:
             first = lanes[0]
