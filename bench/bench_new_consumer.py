@@ -31,6 +31,12 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from kwatermark.consumer import (
+    FETCH_QUEUE_BACKOFF_MS,
+    FETCH_WAIT_MAX_MS,
+    pack_fetch_bytes,
+    prefetch,
+)
 from kwatermark.localbroker import LocalBroker
 
 SLOW_MS = 400
@@ -50,13 +56,15 @@ def fill(bootstrap: str, topic: str, partitions: int, per_partition: int) -> Non
 
 def task(bootstrap: str, topic: str, partitions: range, offset: int, learned: bool) -> float:
     """One task's ms: a new consumer reads records ``offset`` and ``offset + 1`` of each of
-    ``partitions`` (kwatermark's task settings: prefetch, fetch wait and backoff)."""
+    ``partitions`` (kwatermark's task settings: prefetch, fetch size, wait and backoff)."""
     started = time.perf_counter()
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-new-consumer",
                          "enable.auto.commit": False, "enable.partition.eof": True,
-                         "auto.offset.reset": "error", "queued.min.messages": 2,
-                         "fetch.queue.backoff.ms": 1, "fetch.wait.max.ms": 5,
-                         "fetch.max.bytes": 8 << 20, "log_level": 0})
+                         "auto.offset.reset": "error", "queued.min.messages": prefetch(2),
+                         "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
+                         "fetch.wait.max.ms": FETCH_WAIT_MAX_MS,
+                         "fetch.max.bytes": pack_fetch_bytes({}, len(partitions)),
+                         "log_level": 0})
     try:
         if learned:
             consumer.list_topics(topic, timeout=5)

@@ -154,7 +154,7 @@ class _Client:
         self.key = pool_key   # _Clients' key: the configuration it was made with
         self.made_with = (conf, headers, max_records)
         self.described: set[str] = set()   # topics whose metadata it has (learn_topics)
-        self.topics: list[str] = []   # the topics of the last task it read
+        self.topics: list[str] = []   # its last task's topics, where it had many partitions
         names, values = [], []
         for key, value in conf.items():
             if isinstance(value, bool):
@@ -447,8 +447,8 @@ class CompiledReader:
         # than 8 ranges pointed into freed memory and their ranges ended unread.
         lanes = [_Lane(index, reader, lib.kw_lane_at(handle, index))
                  for index, reader in added]
-        client.topics = sorted({topic for topic, _ in by_tp})
-        if len(by_tp) > DISCARD_PARTITIONS:
+        if len(by_tp) > DISCARD_PARTITIONS:   # a consumer new every batch (_replace)
+            client.topics = sorted({topic for topic, _ in by_tp})
             client.learn_topics(client.topics)
         err = ffi.new("char[]", ERROR_TEXT)
         if lib.kw_start(handle, err, ERROR_TEXT) != 0:
