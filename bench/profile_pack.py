@@ -19,7 +19,8 @@ of ``latestOffset`` of another.
 With ``--lost-ledger`` the progress records are deleted before each ``latestOffset``, which
 then re-reads every range of the batch before on the driver.
 
-Run: ``python bench/profile_pack.py --partitions 4,512``.
+Run: ``python bench/profile_pack.py --partitions 4,512`` (``--read-engine python``: the
+Python engine's tasks).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cprofile", type=int, default=None,
                         help="partition count whose tasks are profiled (one warm batch)")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--read-engine", choices=("compiled", "python"), default=None,
+                        help="the readEngine option (default: the source's own choice)")
     parser.add_argument("--lost-ledger", action="store_true",
                         help="delete the progress records before each latestOffset: the "
                              "driver recomputes every range (a location it does not share)")
@@ -91,6 +94,8 @@ def one_count(broker: common.Broker, n: int, args: argparse.Namespace) -> dict:
                "startingOffsets": "earliest", "maxOffsetsPerTrigger": str(args.per_batch),
                "watermark.strategy": "bounded", "watermark.maxOutOfOrderness": "5 seconds",
                "watermark.stateLocation": tempfile.mkdtemp(prefix="kwatermark-pack-")}
+    if args.read_engine:
+        options["readEngine"] = args.read_engine
     ds = kw_source.KWatermarkDataSource(options)
     from pyspark.sql.pandas.types import from_arrow_schema
 

@@ -33,7 +33,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
 from kwatermark import arrow
-from kwatermark.consumer import MAX_CONSUME, partition_bounds, task_conf
+from kwatermark.consumer import MAX_CONSUME, close_aside, partition_bounds, task_conf
 from kwatermark.errors import BrokerError, KWatermarkError, OptionError
 from kwatermark.faults import fault_point
 from kwatermark.options import SourceOptions
@@ -255,29 +255,13 @@ class _Client:
         self.handle = ffi.NULL
 
 
-_discarding = threading.Lock()   # held while a consumer is destroyed on its own thread
-
-
 def _discard(client: _Client) -> None:
-    """Destroy a task's consumer of many partitions (``kw_discard``) on a thread, so that
-    the task ends without waiting for it: librdkafka's destroy of a consumer with 4,096
-    started partitions took 8-30 ms, and 400-580 ms (its own threads busy) in about one
-    task of three. The same thread then makes the worker's next task a consumer
-    (``_replace``). One such destroy runs at a time; a task that ends while one runs
-    destroys its own consumer itself, so unfinished destroys never pile up."""
+    """Destroy a task's consumer of many partitions (``kw_discard``) aside
+    (``consumer.close_aside``): librdkafka's destroy of a consumer with 4,096 started
+    partitions took 8-30 ms, and 400-580 ms (its own threads busy) in about one task of
+    three. The same thread then makes the worker's next task a consumer (``_replace``)."""
     handle, client.handle = client.handle, ffi.NULL
-    if not _discarding.acquire(blocking=False):
-        lib.kw_discard(handle)
-        return
-
-    def destroy() -> None:
-        try:
-            lib.kw_discard(handle)
-            _replace(client)
-        finally:
-            _discarding.release()
-
-    threading.Thread(target=destroy, daemon=True, name="kwatermark-discard").start()
+    close_aside(lambda: lib.kw_discard(handle), lambda: _replace(client))
 
 
 def _replace(client: _Client) -> None:

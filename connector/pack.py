@@ -12,9 +12,15 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError
 from confluent_kafka import TopicPartition as KafkaTP
 
-from kwatermark import arrow
+from kwatermark import arrow, compiled
 from kwatermark.compiled import CompiledReader, use_compiled
-from kwatermark.consumer import MAX_CONSUME, open_consumer, partition_bounds
+from kwatermark.consumer import (
+    MAX_CONSUME,
+    close_aside,
+    learn_topics,
+    open_consumer,
+    partition_bounds,
+)
 from kwatermark.errors import BrokerError
 from kwatermark.faults import FAULT_ENV, fault_point, trip_fault
 from kwatermark.ledger import ProgressRecord
@@ -98,9 +104,20 @@ class PackReader:
                 planned[r.task.tp] = planned.get(r.task.tp, 0) + r.task.end - r.task.start
         if planned:
             consumer = open_consumer(self.options, max(planned.values()), len(planned))
+            # A consumer of thousands of partitions learns its topics before it asks their
+            # offsets, and is destroyed aside (kwatermark.consumer), as the compiled
+            # engine's is.
+            many = len(planned) > compiled.DISCARD_PARTITIONS
+            if many:
+                learn_topics(consumer, sorted({t for t, _ in planned}), compiled.LEARN_TOPIC_S)
             try:
                 yield from self._read(consumer)
-            finally:
+            except BaseException:
+                consumer.close()
+                raise
+            if many:
+                close_aside(consumer.close)
+            else:
                 consumer.close()
         self.progress = [(r.task, r._progress()) for r in self.readers]
 

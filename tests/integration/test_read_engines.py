@@ -22,9 +22,9 @@ import pytest
 from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KafkaTP
 
-from kwatermark import compiled
+from kwatermark import compiled, pack
 from kwatermark.arrow import OutputLayout
-from kwatermark.consumer import task_conf
+from kwatermark.consumer import closed_aside, task_conf
 from kwatermark.errors import BrokerError, DataLossError, KWatermarkError, OptionError
 from kwatermark.offsets import PartitionState, RangeTask
 from kwatermark.options import parse_options
@@ -313,12 +313,67 @@ def test_a_task_of_many_partitions_destroys_its_consumer_with_them_started(
         assert all(client.handle == compiled.ffi.NULL for client in before), \
             "the consumer made ahead was not the one this task read and destroyed"
         # the task ended without waiting for its consumer's destroy, which still ends
-        assert compiled._discarding.acquire(timeout=30), "a discarded consumer never closed"
-        compiled._discarding.release()
+        assert closed_aside(30), "a discarded consumer never closed"
         made_ahead = [client for client, _ in compiled._clients.kept.values()]
         assert len(made_ahead) == 1 and made_ahead[0] not in before
         assert made_ahead[0].handle != compiled.ffi.NULL
         assert made_ahead[0].described == {topic}
+
+
+class _Recorded:
+    """A real confluent-kafka consumer whose calls are recorded: (method, thread)."""
+
+    def __init__(self, consumer: Consumer, calls: list):
+        self._consumer, self._calls = consumer, calls
+
+    def __getattr__(self, name: str):
+        method = getattr(self._consumer, name)
+
+        def call(*args, **kwargs):
+            self._calls.append((name, threading.current_thread()))
+            return method(*args, **kwargs)
+        return call
+
+
+def test_a_python_task_of_many_partitions_learns_its_topics_and_closes_aside(broker,
+                                                                             monkeypatch):
+    """The Python engine's task of more than DISCARD_PARTITIONS partitions (thousands, in
+    use; 4 here) asks its topic's metadata before its partitions' offsets (a consumer that
+    learns a 4,096-partition topic from its first offsets request waited up to 0.77 s), and
+    its consumer is closed on a thread of its own after the task's last row, not by the
+    task (~170 ms at 2,048 partitions); a task of fewer closes its own. Both read exactly
+    their ranges."""
+    monkeypatch.setattr(compiled, "DISCARD_PARTITIONS", 4)
+    topic = broker.create_topic(6)
+    TopicWriter(broker, topic).send([Record(p, 1_000 + i, value=f"{p}-{i}".encode())
+                                     for i in range(50) for p in range(6)])
+    options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
+                             "subscribe": topic, "readEngine": "python"})
+    opened = pack.open_consumer
+    for partitions in (6, 3):
+        calls: list = []
+        monkeypatch.setattr(pack, "open_consumer",
+                            lambda *args, calls=calls: _Recorded(opened(*args), calls))
+        spans = [(p, 5, 20 + p) for p in range(partitions)]
+        tasks = [RangeTask(topic, p, a, b, PartitionState(), True, None, NO_PARTITIONS)
+                 for p, a, b in spans]
+        table = pa.Table.from_batches(list(PackReader(options, OutputLayout(), Decoders(),
+                                                      tasks)),
+                                      schema=OutputLayout().schema())
+        read_by = [name for name, _ in calls]
+        assert closed_aside(30), "a consumer closed aside never closed"
+        assert sorted(zip(table.column("partition").to_pylist(),
+                          table.column("offset").to_pylist(),
+                          table.column("value").to_pylist())) == \
+            [(p, i, f"{p}-{i}".encode()) for p, a, b in spans for i in range(a, b)]
+        closers = [thread for name, thread in calls if name == "close"]
+        assert len(closers) == 1
+        if partitions > 4:
+            assert read_by.index("list_topics") < read_by.index("offsets_for_times")
+            assert closers[0] is not threading.current_thread()
+        else:
+            assert "list_topics" not in read_by
+            assert closers[0] is threading.current_thread(), "a small task closes its own"
 
 
 @pytest.mark.parametrize("engine", ["python"] + (
