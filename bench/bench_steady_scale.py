@@ -12,6 +12,9 @@ planning (``latestOffset``) of the same batches, and the median of each phase Sp
 (``durationMs``: ``addBatch`` the tasks, ``walCommit`` the offsets log, ...) at both counts;
 results go to ``bench/results/steady-scale.json``.
 
+``--brokers N`` starts N Apache Kafka nodes on loopback instead of one (the partitions'
+leaders spread over them, as on a production cluster).
+
 Run: ``python bench/bench_steady_scale.py`` (about 3 minutes on 2 cores).
 """
 
@@ -77,10 +80,12 @@ def main() -> None:
     parser.add_argument("--per-batch", type=int, default=8192, help="maxOffsetsPerTrigger")
     parser.add_argument("--batches", type=int, default=12, help="micro-batches per run")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each count, x2")
+    parser.add_argument("--brokers", type=int, default=1,
+                        help="Apache Kafka nodes (the partitions' leaders spread over them)")
     parser.add_argument("--results", default=RESULTS)
     args = parser.parse_args()
     low, high = (int(p) for p in args.partitions.split(","))
-    broker = LocalBroker.start(kind="kafka")
+    broker = LocalBroker.start(kind="kafka", brokers=args.brokers)
     # Spark starts its Python workers with PYSPARK_PYTHON, else "python3" on PATH: run
     # as .venv/bin/python without the venv activated, that found no kwatermark
     # (DATA_SOURCE_NOT_FOUND).
@@ -123,7 +128,7 @@ def main() -> None:
         os.makedirs(os.path.dirname(args.results), exist_ok=True)
         with open(args.results, "w") as out:
             json.dump({"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "per_batch": args.per_batch, "batches": args.batches, "runs": runs,
+                       "brokers": args.brokers, "per_batch": args.per_batch, "batches": args.batches, "runs": runs,
                        "median_ms": {str(k): v for k, v in medians.items()},
                        "planning_median_ms": {str(k): v for k, v in plan_medians.items()},
                        "phase_median_ms": {str(k): v for k, v in phase_medians.items()},
