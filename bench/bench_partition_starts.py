@@ -25,8 +25,7 @@ import argparse
 import statistics
 import time
 
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from bench_new_consumer import fill
 
 from kwatermark import compiled
 from kwatermark.arrow import OutputLayout
@@ -39,18 +38,6 @@ from kwatermark.reader import Decoders
 from kwatermark.watermarks import NO_PARTITIONS
 
 CASES = ((1024, 1024), (1024, 4096), (4096, 4096))   # (partitions read, topic's partitions)
-
-
-def fill(bootstrap: str, topic: str, partitions: int, per_partition: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
-    time.sleep(3)   # the new partitions' leaders
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "log_level": 0})
-    for i in range(partitions * per_partition):
-        producer.produce(topic, b"x" * 100, partition=i % partitions)
-        if i % 20_000 == 0:
-            producer.flush()
-    producer.flush()
 
 
 def task(bootstrap: str, topic: str, partitions: int, offset: int
