@@ -257,9 +257,11 @@ class _Client:
 
 def _discard(client: _Client) -> None:
     """Destroy a task's consumer of many partitions (``kw_discard``) aside
-    (``consumer.close_aside``): librdkafka's destroy of a consumer with 4,096 started
-    partitions took 8-30 ms, and 400-580 ms (its own threads busy) in about one task of
-    three. The same thread then makes the worker's next task a consumer (``_replace``)."""
+    (``consumer.close_aside``): librdkafka's destroy costs with the partitions started and
+    the partitions the consumer knows (4,096 started of a 4,096-partition topic: 340-550 ms
+    of its own threads, 1,024 of 4,096: 51-90 ms; bench/README.md, "What librdkafka does
+    per partition at 4,096"). The same thread then makes the worker's next task a consumer
+    (``_replace``)."""
     handle, client.handle = client.handle, ffi.NULL
     close_aside(lambda: lib.kw_discard(handle), lambda: _replace(client))
 

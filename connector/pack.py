@@ -108,9 +108,10 @@ class PackReader:
             # offsets, and is destroyed aside (kwatermark.consumer), as the compiled
             # engine's is.
             many = len(planned) > compiled.DISCARD_PARTITIONS
-            if many:
-                learn_topics(consumer, sorted({t for t, _ in planned}), compiled.LEARN_TOPIC_S)
             try:
+                if many:
+                    learn_topics(consumer, sorted({t for t, _ in planned}),
+                                 compiled.LEARN_TOPIC_S)
                 yield from self._read(consumer)
             except BaseException:
                 consumer.close()
