@@ -33,7 +33,13 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
 from kwatermark import arrow
-from kwatermark.consumer import MAX_CONSUME, close_aside, partition_bounds, task_conf
+from kwatermark.consumer import (
+    MAX_CONSUME,
+    close_aside,
+    learn_topics,
+    partition_bounds,
+    task_conf,
+)
 from kwatermark.errors import BrokerError, KWatermarkError, OptionError
 from kwatermark.faults import fault_point
 from kwatermark.options import SourceOptions
@@ -206,26 +212,13 @@ class _Client:
         return count
 
     def learn_topics(self, topics: Iterable[str]) -> None:
-        """Ask ``topics``' metadata before any of their partitions starts. A consumer that
-        learns a topic only as it starts reading it hands the topic's partitions to its
-        broker thread while that thread already fetches the first ones, and some of them
-        then joined it up to a second later: new consumers of 2,048 partitions of a
-        4,096-partition topic read two records a partition in a median 115 ms, but over
-        400 ms (up to 1.3 s) in 8 of 132 tasks; learning the topic first, 160 ms and none
-        (``bench/bench_new_consumer.py``). Asked by tasks of more than
-        ``DISCARD_PARTITIONS`` partitions, one request a topic: the tasks that make a new
-        consumer every batch (or have one made ahead, ``_replace``, which learns them
-        there); smaller tasks keep theirs, and a consumer learns a topic once. An error is
-        left to the read, which reports it as before."""
-        for topic in topics:
-            if topic in self.described:
-                continue
-            try:
-                self.partition_count(topic, LEARN_TOPIC_S)
-            except KafkaException as exc:
-                log.debug("metadata of topic %s before reading: %s", topic, exc)
-                continue
-            self.described.add(topic)
+        """Learn ``topics`` before any of their partitions starts (``consumer.learn_topics``),
+        each once per consumer. Asked by tasks of more than ``DISCARD_PARTITIONS``
+        partitions, one request a topic: the tasks that make a new consumer every batch (or
+        have one made ahead, ``_replace``, which learns them there); smaller tasks keep
+        theirs."""
+        self.described |= learn_topics(lambda topic: self.partition_count(topic, LEARN_TOPIC_S),
+                                       [topic for topic in topics if topic not in self.described])
 
     def list_topics(self, topic: str, timeout: float) -> SimpleNamespace:
         """``topic``'s metadata, shaped as confluent-kafka's ``ClusterMetadata`` where

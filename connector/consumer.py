@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException
@@ -76,19 +76,25 @@ def open_consumer(options: SourceOptions, remaining: int, partitions: int = 1) -
                               f"{exc.args[0] if exc.args else exc}") from exc
 
 
-def learn_topics(consumer: Consumer, topics: list[str], timeout: float) -> None:
-    """Ask ``topics``' metadata before a new consumer of thousands of partitions reads them
-    (the Python engine's; kwatermark.compiled has its own, ``_Client.learn_topics``). A
-    consumer that learns a 4,096-partition topic only from its first offsets request hands
-    the partitions to its broker thread while it already works: that request then took up
-    to 0.77 s, 200 ms a task on average at 2,048 partitions; asked after this (~65 ms: a
-    Python object per partition), at most 68 ms. An error is left to the read, which
-    reports it as before."""
+def learn_topics(ask: Callable[[str], object], topics: Iterable[str]) -> set[str]:
+    """Ask each of ``topics``' metadata (``ask(topic)``) before a new consumer of thousands
+    of partitions starts reading them; returns the topics it learned. A consumer that
+    learns a 4,096-partition topic only as it starts reading it hands the partitions to its
+    broker thread while that thread already works, and some joined it up to a second
+    later: the compiled engine's tasks of 2,048 such partitions read two records each in
+    over 400 ms (up to 1.3 s) in 8 of 132 tasks, none once the topic was learned first
+    (``bench/bench_new_consumer.py``); the Python engine's first offsets request took up to
+    0.77 s, at most 68 ms after this. An error is left to the read, which reports it as
+    before."""
+    learned = set()
     for topic in topics:
         try:
-            consumer.list_topics(topic, timeout)
+            ask(topic)
         except KafkaException as exc:
             log.debug("metadata of topic %s before reading: %s", topic, exc)
+            continue
+        learned.add(topic)
+    return learned
 
 
 _closing = threading.Lock()   # held while a task's consumer is destroyed on its own thread

@@ -110,8 +110,8 @@ class PackReader:
             many = len(planned) > compiled.DISCARD_PARTITIONS
             try:
                 if many:
-                    learn_topics(consumer, sorted({t for t, _ in planned}),
-                                 compiled.LEARN_TOPIC_S)
+                    learn_topics(lambda topic: consumer.list_topics(topic, compiled.LEARN_TOPIC_S),
+                                 sorted({t for t, _ in planned}))
                 yield from self._read(consumer)
             except BaseException:
                 consumer.close()
