@@ -2,8 +2,9 @@
 kwatermark, measured with a bare confluent-kafka consumer.
 
 A 4,096-partition micro-batch is two Spark tasks of 2,048 ranges; a task of more than
-1,024 partitions destroys its consumer at the end (kwatermark.compiled.DISCARD_PARTITIONS),
-so each such task read on a consumer new to the topic. Such a consumer learns the topic's
+1,024 partitions destroyed its consumer at the end then (kwatermark.compiled.MANY_PARTITIONS;
+it parks its partitions for the next task since), so each such task read on a consumer new
+to the topic, as a worker's first still does. Such a consumer learns the topic's
 4,096 partitions only once its first partitions start, hands them all to its broker thread
 while that thread already fetches, and some of them (the last of the list) joined it up to
 a second later: the task waited for their two records. Through Spark, one 4,096-partition

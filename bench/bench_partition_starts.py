@@ -1,20 +1,19 @@
-"""What a task pays per partition it starts, and per partition its consumer knows (issue 36).
+"""What a task pays per partition it reads, and per partition its consumer knows (issue 36).
 
-A task of many partitions starts each on a new consumer that knows every partition of the
-topic (``kwatermark.compiled``: a task of more than 1,024 partitions reads on a consumer
-made for it, which asked the topic's metadata first). librdkafka's broker thread looks at
-every partition it leads after each wake-up, and each partition started wakes it once, so
-starting ``n`` partitions of a topic of ``T`` costs about ``n x T`` such looks on top of
-the work per partition. This bench separates the two on the project's Apache Kafka:
-``n`` partitions read two records each, from a topic of ``T`` partitions, for (n, T) =
+librdkafka's broker thread looks at every partition the consumer knows after each wake-up,
+and each partition started (or sought, or stopped) wakes it once, so starting ``n``
+partitions of a topic of ``T`` costs about ``n x T`` such looks on top of the work per
+partition. A task of more than 1,024 partitions (``kwatermark.compiled``) therefore parks its
+partitions at its end (paused where they stand) and the worker's next task resumes them. This
+bench reads ``n`` partitions, two records each, from a topic of ``T`` partitions, for (n, T) =
 (1,024, 1,024), (1,024, 4,096) and (4,096, 4,096), through the compiled engine's
-``PackReader`` as a Spark task would (each task's consumer destroyed aside and the next
-one made ahead, as for tasks of more than 1,024 partitions). Blocks of ``--tasks`` tasks
-per case, the cases in rotated order ``--rounds`` times; the first task of a block is not
-counted (its consumer was made for the case before). Prints each case's median wall and
-process CPU ms, its ratio to the first case, and ``aside``: the ms from a task's end until
-what it left to a thread of its own is done (its consumer destroyed, ``consumer.close_aside``,
-and the next task's consumer made and its topic learned, ``compiled._replace``).
+``PackReader`` as a Spark task would, each task's ranges going on where the last task's of
+its case ended. Blocks of ``--tasks`` tasks per case, the cases in rotated order ``--rounds``
+times; the first task of a block is not counted (its partitions were parked behind, by the
+case before, and are sought). Prints each case's median wall and process CPU ms, its ratio
+to the first case, and ``aside``: the ms from a task's end until what it left to a thread of
+its own is done (the Python engine's close aside, ``consumer.close_aside``; nothing for the
+compiled engine since parking).
 
 Run: ``python bench/bench_partition_starts.py`` (about 3 minutes; needs the compiled engine).
 """
@@ -70,8 +69,8 @@ def main() -> None:
     args = parser.parse_args()
     if compiled.unavailable() is not None:
         raise SystemExit(f"the compiled engine is needed: {compiled.unavailable()}")
-    # Every task here has a consumer of its own, as a task of thousands of partitions does.
-    compiled.DISCARD_PARTITIONS = 64
+    # Every task here parks its partitions, as a task of thousands of partitions does.
+    compiled.MANY_PARTITIONS = 64
     per_partition = 2 * args.tasks * args.rounds * len(CASES) + 2
     broker = LocalBroker.start(kind="kafka")
     try:

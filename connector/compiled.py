@@ -35,7 +35,6 @@ from confluent_kafka import TopicPartition as KafkaTP
 from kwatermark import arrow
 from kwatermark.consumer import (
     MAX_CONSUME,
-    close_aside,
     learn_topics,
     partition_bounds,
     task_conf,
@@ -62,15 +61,16 @@ ERROR_TEXT = 512
 # offsets query's message and retries, not only after kafkaConsumer.pollTimeoutMs.
 BOUNDS_AFTER_S = 1.0
 MAX_PARTITIONS = 1 << 16   # leaders read per topic (a topic has at most some thousands)
-# librdkafka stops a partition synchronously, and each stop costs more the more partitions
-# the consumer has started (~20 µs each at 512, 45-60 µs at 4,096), while destroying the
-# consumer stops them all at once (20-30 ms at 4,096 against 180-250 ms one by one). A task
-# of more than DISCARD_PARTITIONS partitions stops none of them as its ranges end (unless it
-# still reads STOP_AFTER_S later: then its finished partitions, which go on fetching past
-# their ranges, would take the Fetch answers' room from the others) and destroys its
-# consumer at the end instead of keeping it; the next such task makes a new one.
-DISCARD_PARTITIONS = 1024
-# The longest a new consumer of more than DISCARD_PARTITIONS partitions waits for its
+# librdkafka pays for each partition started, and again for each stopped, a pass over every
+# partition the consumer knows (bench/README.md, "What librdkafka does per partition at
+# 4,096"): ~20 µs a stop at 512, 45-60 µs at 4,096. A task of more than MANY_PARTITIONS
+# partitions stops none of them as its ranges end (unless it still reads STOP_AFTER_S later:
+# then its finished partitions, which go on fetching past their ranges, would take the Fetch
+# answers' room from the others) and, at its end, pauses them all where they stand with the
+# records fetched past its ranges (kw_park); the worker keeps the consumer, and its next task
+# resumes each partition whose range begins where the last ended (kw_start).
+MANY_PARTITIONS = 1024
+# The longest a new consumer of more than MANY_PARTITIONS partitions waits for its
 # topics' metadata before it starts reading (_Client.learn_topics; ~45 ms at 4,096
 # partitions, librdkafka taking in every partition); a slower answer is not waited for.
 LEARN_TOPIC_S = 1.0
@@ -213,10 +213,9 @@ class _Client:
 
     def learn_topics(self, topics: Iterable[str]) -> None:
         """Learn ``topics`` before any of their partitions starts (``consumer.learn_topics``),
-        each once per consumer. Asked by tasks of more than ``DISCARD_PARTITIONS``
-        partitions, one request a topic: the tasks that make a new consumer every batch (or
-        have one made ahead, ``_replace``, which learns them there); smaller tasks keep
-        theirs."""
+        each once per consumer, one request a topic, by tasks of more than
+        ``MANY_PARTITIONS`` partitions. The answer also gives the extension each partition's
+        leader (``kw_start`` wakes each leader's fetching once)."""
         self.described |= learn_topics(lambda topic: self.partition_count(topic, LEARN_TOPIC_S),
                                        [topic for topic in topics if topic not in self.described])
 
@@ -248,34 +247,6 @@ class _Client:
         self.handle = ffi.NULL
 
 
-def _discard(client: _Client) -> None:
-    """Destroy a task's consumer of many partitions (``kw_discard``) aside
-    (``consumer.close_aside``): librdkafka's destroy costs with the partitions started and
-    the partitions the consumer knows (4,096 started of a 4,096-partition topic: 340-550 ms
-    of its own threads, 1,024 of 4,096: 51-90 ms; bench/README.md, "What librdkafka does
-    per partition at 4,096"). The same thread then makes the worker's next task a consumer
-    (``_replace``)."""
-    handle, client.handle = client.handle, ffi.NULL
-    close_aside(lambda: lib.kw_discard(handle), lambda: _replace(client))
-
-
-def _replace(client: _Client) -> None:
-    """A consumer made as ``client`` was, that knows its topics, kept for the worker's next
-    task: made while the worker waits for that task, not by it. Through Spark, 4,096-partition
-    batches took a median 817 ms, and over 1.3 s in 10 of 28, with each task making its
-    own; 762 ms and none with consumers made ahead (bench/README.md, "A new consumer's late
-    partitions")."""
-    if _clients.shut:
-        return
-    conf, headers, max_records = client.made_with
-    try:
-        fresh = _Client(conf, headers, max_records, client.key)
-    except KWatermarkError:
-        return   # the task's own consumer was made with these: the next task says why
-    fresh.learn_topics(client.topics)
-    _clients.give_back(fresh)
-
-
 class _Clients:
     """The consumers a Python worker keeps between its tasks, as Spark's Kafka source keeps
     its consumers in a pool (``spark.kafka.consumer.cache.*``): a task otherwise spent
@@ -285,10 +256,10 @@ class _Clients:
     A consumer is shared only by tasks with the same librdkafka configuration (the same
     ``kafka.*`` options, prefetch and fetch size) and used by one task at a time: ``take``
     removes it, ``give_back`` returns it reset (``kw_reset``: every partition stopped,
-    nothing the last task fetched left to read). A task that fails, or that Spark stops
-    early, closes its consumer instead, and so does a task of more than
-    ``DISCARD_PARTITIONS`` partitions (``kw_discard``), whose consumer one made for the
-    next task replaces (``_replace``). At most ``CAPACITY`` are kept; a
+    nothing the last task fetched left to read) or, after a task of more than
+    ``MANY_PARTITIONS`` partitions, parked (``kw_park``: every partition paused, what was
+    fetched past the task's ranges kept for the next). A task that fails, or that Spark
+    stops early, closes its consumer instead. At most ``CAPACITY`` are kept; a
     thread closes one unused for ``IDLE_S`` (its connections otherwise stay open, and it
     reports a broker gone in the meantime as errors, in a worker no task uses), and so does
     the interpreter's exit (before librdkafka's threads could log into a finalizing
@@ -312,8 +283,8 @@ class _Clients:
             return entry[0]
         return _Client(conf, headers, max_records, key)
 
-    def give_back(self, client: _Client) -> None:
-        if lib.kw_reset(client.handle) != 0:
+    def give_back(self, client: _Client, parked: bool = False) -> None:
+        if (lib.kw_park if parked else lib.kw_reset)(client.handle) != 0:
             client.close()
             return
         with self.lock:
@@ -391,18 +362,15 @@ class CompiledReader:
             conf.pop("group.id", None)   # the legacy API needs none; no commits, no group
         client = _clients.take(conf, self.layout.include_headers,
                                self.options.records_per_batch(True))
-        many = len(planned) > DISCARD_PARTITIONS
+        many = len(planned) > MANY_PARTITIONS
         try:
-            yield from self._read(client, reading, stop_done=not many)
+            yield from self._read(client, reading, park=many)
         except BaseException:   # a failure, or Spark stopping early: a consumer of its own
             client.close(stop=not many)
             raise
-        if many:
-            _discard(client)
-        else:
-            _clients.give_back(client)
+        _clients.give_back(client, parked=many)
 
-    def _read(self, client: _Client, reading: list[RangeReader], stop_done: bool = True
+    def _read(self, client: _Client, reading: list[RangeReader], park: bool = False
               ) -> Iterator[list]:
         # No offsets asked before reading: a range starts fetching at its planned start, and
         # a partition's earliest and end offsets are asked only when its answers say records
@@ -426,11 +394,10 @@ class CompiledReader:
         # than 8 ranges pointed into freed memory and their ranges ended unread.
         lanes = [_Lane(index, reader, lib.kw_lane_at(handle, index))
                  for index, reader in added]
-        if len(by_tp) > DISCARD_PARTITIONS:   # a consumer new every batch (_replace)
-            client.topics = sorted({topic for topic, _ in by_tp})
-            client.learn_topics(client.topics)
+        if park:
+            client.learn_topics({topic for topic, _ in by_tp})
         err = ffi.new("char[]", ERROR_TEXT)
-        if lib.kw_start(handle, err, ERROR_TEXT) != 0:
+        if lib.kw_start(handle, int(park), err, ERROR_TEXT) != 0:
             first = lanes[0]
             raise BrokerError(f"topic {first.reader.task.topic}, partition "
                               f"{first.reader.task.partition}, offset {first.c.position}: "
@@ -447,6 +414,7 @@ class CompiledReader:
         size = self.options.records_per_batch(True)
         stall = Stall(self.options.poll_timeout_ms / 1000.0, time.monotonic())
         began = stall.last
+        stop_done = not park
         ready: list = []
         ready_rows = 0
         was_short = False

@@ -107,7 +107,7 @@ class PackReader:
             # A consumer of thousands of partitions learns its topics before it asks their
             # offsets, and is destroyed aside (kwatermark.consumer), as the compiled
             # engine's is.
-            many = len(planned) > compiled.DISCARD_PARTITIONS
+            many = len(planned) > compiled.MANY_PARTITIONS
             try:
                 if many:
                     learn_topics(lambda topic: consumer.list_topics(topic, compiled.LEARN_TOPIC_S),

@@ -112,6 +112,13 @@ static struct {
                                            int32_t);
     void (*tpl_destroy)(rd_kafka_topic_partition_list_t *);
     int (*position)(rd_kafka_t *, rd_kafka_topic_partition_list_t *);
+    int (*pause_partitions)(rd_kafka_t *, rd_kafka_topic_partition_list_t *);
+    int (*resume_partitions)(rd_kafka_t *, rd_kafka_topic_partition_list_t *);
+    void *(*seek_partitions)(rd_kafka_t *, rd_kafka_topic_partition_list_t *, int);
+    const char *(*error_string)(const void *);
+    void (*error_destroy)(void *);
+    rd_kafka_queue_t *(*queue_get_partition)(rd_kafka_t *, const char *, int32_t);
+    void (*queue_forward)(rd_kafka_queue_t *, rd_kafka_queue_t *);
     int (*offsets_for_times)(rd_kafka_t *, rd_kafka_topic_partition_list_t *, int);
     int (*metadata)(rd_kafka_t *, int, rd_kafka_topic_t *, const rd_kafka_metadata_t **, int);
     void (*metadata_destroy)(const rd_kafka_metadata_t *);
@@ -168,6 +175,13 @@ int kw_load(const char *path, char *err, size_t errlen) {
     LOOKUP(tpl_add, "rd_kafka_topic_partition_list_add");
     LOOKUP(tpl_destroy, "rd_kafka_topic_partition_list_destroy");
     LOOKUP(position, "rd_kafka_position");
+    LOOKUP(pause_partitions, "rd_kafka_pause_partitions");
+    LOOKUP(resume_partitions, "rd_kafka_resume_partitions");
+    LOOKUP(seek_partitions, "rd_kafka_seek_partitions");
+    LOOKUP(error_string, "rd_kafka_error_string");
+    LOOKUP(error_destroy, "rd_kafka_error_destroy");
+    LOOKUP(queue_get_partition, "rd_kafka_queue_get_partition");
+    LOOKUP(queue_forward, "rd_kafka_queue_forward");
     LOOKUP(offsets_for_times, "rd_kafka_offsets_for_times");
     LOOKUP(metadata, "rd_kafka_metadata");
     LOOKUP(metadata_destroy, "rd_kafka_metadata_destroy");
@@ -182,6 +196,24 @@ void kw_free(void *p) { free(p); }
 
 /* ---- the reader ---- */
 
+/* A partition a consumer has started, between tasks too (kw_park): librdkafka pays for every
+ * partition started with a pass over every partition it knows (bench/README.md, "What
+ * librdkafka does per partition at 4,096"), and for stopping them again; a paused one
+ * resumes for nothing. */
+enum { KW_IDLE = 0, KW_READING = 1, KW_PARKED = 2 };
+/* What a partition may carry: twice its ranges' records, at least this many (past_end). */
+#define KW_CARRY_MIN 64
+typedef struct kw_slot {
+    int state;
+    int32_t leader1;             /* its leader's id + 1 when kw_metadata last asked; 0 unknown */
+    int64_t end;                 /* where its last task's ranges ended (KW_PARKED) */
+    int64_t limit;               /* the most messages it carries (past_end) */
+    int64_t from;                /* where it was last started or sought */
+    int n, cap;
+    rd_kafka_message_t **carry;  /* polled past `end`, in offset order: the next range's */
+    rd_kafka_queue_t *own;       /* its fetch queue, led away from the reader's while parked */
+} kw_slot;
+
 struct kw_reader {
     rd_kafka_t *rk;
     rd_kafka_queue_t *queue;
@@ -192,6 +224,10 @@ struct kw_reader {
     int topic_cap;
     char **topic_names;
     rd_kafka_topic_t **topics;
+    kw_slot **parks;             /* [topic][partition] */
+    int32_t *nparks;
+    int parking;                 /* this task's partitions are parked at its end (kw_park) */
+    int resumed;                 /* partitions the last kw_start resumed where they stood */
     int nlanes;
     int lane_cap;
     kw_lane *lanes;
@@ -207,6 +243,8 @@ struct kw_reader {
     int64_t event_offset;
     char event_text[512];
 };
+
+static kw_slot *park_of(kw_reader *r, int t, int32_t partition);
 
 kw_reader *kw_open(const char **names, const char **values, int nconf, int headers,
                    int64_t max_records, int64_t max_bytes, char *err, size_t errlen) {
@@ -285,10 +323,16 @@ int kw_metadata(kw_reader *r, const char *topic, int timeout_ms, int32_t *leader
             e = mt->err;
             break;
         }
+        int known = -1;   /* a topic of the reader's lanes: its partitions' leaders kept */
+        for (int t = 0; t < r->ntopics; t++)
+            if (strcmp(r->topic_names[t], topic) == 0)
+                known = t;
         for (int p = 0; p < mt->partition_cnt; p++) {
             int32_t id = mt->partitions[p].id;
             if (id >= 0 && id < cap)
                 leaders[id] = mt->partitions[p].leader;
+            if (id >= 0 && known >= 0)
+                park_of(r, known, id)->leader1 = mt->partitions[p].leader + 1;
             if (id + 1 > count)
                 count = id + 1;
         }
@@ -318,7 +362,11 @@ int kw_add_lane(kw_reader *r, const char *topic, int32_t partition, int64_t posi
             r->topic_cap = r->topic_cap ? 2 * r->topic_cap : 8;
             r->topic_names = realloc(r->topic_names, r->topic_cap * sizeof(char *));
             r->topics = realloc(r->topics, r->topic_cap * sizeof(rd_kafka_topic_t *));
+            r->parks = realloc(r->parks, r->topic_cap * sizeof(kw_slot *));
+            r->nparks = realloc(r->nparks, r->topic_cap * sizeof(int32_t));
         }
+        r->parks[t] = NULL;
+        r->nparks[t] = 0;
         r->topic_names[t] = strdup(topic);
         r->topics[t] = rk.topic_new(r->rk, topic, NULL);
         if (!r->topics[t]) {
@@ -342,23 +390,226 @@ int kw_add_lane(kw_reader *r, const char *topic, int32_t partition, int64_t posi
 
 kw_lane *kw_lane_at(kw_reader *r, int i) { return &r->lanes[i]; }
 
-/* The first lane of each partition starts the partition's consumption at its position. */
-int kw_start(kw_reader *r, char *err, size_t errlen) {
-    for (int i = 0; i < r->nlanes; i++) {
+static kw_slot *park_of(kw_reader *r, int t, int32_t partition) {
+    if (partition >= r->nparks[t]) {
+        int32_t n = r->nparks[t] ? r->nparks[t] : 64;
+        while (n <= partition)
+            n *= 2;
+        r->parks[t] = realloc(r->parks[t], (size_t)n * sizeof(kw_slot));
+        memset(r->parks[t] + r->nparks[t], 0, (size_t)(n - r->nparks[t]) * sizeof(kw_slot));
+        r->nparks[t] = n;
+    }
+    return &r->parks[t][partition];
+}
+
+static void park_drop(kw_slot *p) {
+    for (int i = 0; i < p->n; i++)
+        rk.message_destroy(p->carry[i]);
+    p->n = 0;
+}
+
+static int same_partition(kw_lane *a, kw_lane *b);
+
+/* The end of the last of the partition's lanes from lane i (its first). */
+static int64_t partition_end(kw_reader *r, int i) {
+    while (i + 1 < r->nlanes && same_partition(&r->lanes[i], &r->lanes[i + 1]))
+        i++;
+    return r->lanes[i].end;
+}
+
+/* A message that no range takes: while parking, one at or past its partition's end is kept
+ * for the next task's range (librdkafka counts it consumed: a resumed partition fetches
+ * after it); any other is dropped. librdkafka does not count what is kept against its
+ * prefetch and goes on fetching, so what a partition keeps is bounded (a stream catching
+ * up, its ranges shorter than a Fetch answer, would keep more after every task): past its
+ * limit it keeps nothing and is sought to its next range instead. */
+static void past_end(kw_reader *r, rd_kafka_message_t *m) {
+    kw_slot *p = NULL;
+    for (int t = 0; r->parking && t < r->ntopics; t++)
+        if (r->topics[t] == m->rkt) {
+            p = park_of(r, t, m->partition);
+            break;
+        }
+    if (!p || p->state != KW_READING || m->offset < p->end) {
+        rk.message_destroy(m);
+        return;
+    }
+    if (p->n >= p->limit) {
+        park_drop(p);
+        p->end = INT64_MAX; /* not resumable: nothing more is kept for it */
+        rk.message_destroy(m);
+        return;
+    }
+    if (p->n == p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 8;
+        p->carry = realloc(p->carry, (size_t)p->cap * sizeof(*p->carry));
+    }
+    p->carry[p->n++] = m;
+}
+
+static void drain_own(kw_reader *r, kw_slot *p, int keep);
+
+/* Lead a partition's fetch queue into the reader's before it starts again: one parked once
+ * (its queue led away by the application, kw_park) is not led there by librdkafka's start. */
+static void lead_back(kw_reader *r, kw_slot *p) {
+    if (p->own) {
+        drain_own(r, p, 0);   /* a stopped partition's barriers */
+        rk.queue_forward(p->own, r->queue);
+    }
+}
+
+static int start_partition(kw_reader *r, kw_lane *l, char *err, size_t errlen) {
+    kw_slot *p = park_of(r, l->topic, l->partition);
+    p->from = l->position;
+    lead_back(r, p);
+    if (rk.consume_start_queue(r->topics[l->topic], l->partition, l->position, r->queue) ==
+        -1) {
+        int e = rk.last_error();
+        snprintf(err, errlen, "%s", rk.err2str(e));
+        return e ? e : -1;
+    }
+    return 0;
+}
+
+static void pending(kw_reader *r, rd_kafka_message_t *m) {
+    if (r->msg_n == r->msg_cap) {
+        r->msg_cap = r->msg_cap ? 2 * r->msg_cap : 1024;
+        r->msgs = realloc(r->msgs, (size_t)r->msg_cap * sizeof(*r->msgs));
+    }
+    r->msgs[r->msg_n++] = m;
+}
+
+/* Whatever is in a partition's own fetch queue (led away from the reader's: kw_park) taken:
+ * librdkafka's version barriers, which each pause, resume or start puts there, and any
+ * message (to `pending`, or dropped). The reader's queue sorts such barriers ahead of its
+ * messages one by one, each insert walking those already there: 4,096 partitions paused or
+ * resumed with their queues led into it took 50-120 ms, mostly that walk. */
+static void drain_own(kw_reader *r, kw_slot *p, int keep) {
+    rd_kafka_message_t *got[64];
+    ssize_t n;
+    while ((n = rk.consume_batch_queue(p->own, 0, got, 64)) > 0)
+        for (ssize_t i = 0; i < n; i++) {
+            if (keep)
+                pending(r, got[i]);
+            else
+                rk.message_destroy(got[i]);
+        }
+}
+
+/* The first lane of each partition starts the partition's consumption at its position. A
+ * partition its consumer's last task parked (kw_park) is resumed: where it stopped, when its
+ * range begins there, with the messages it carried filed first; else sought to its range.
+ * Resuming wakes no broker thread (starting or seeking does: a pass over every partition it
+ * leads each), and a resumed partition is otherwise fetched only when its leader's thread
+ * next looks, up to a second later: of each leader no other seek wakes, one resumed
+ * partition is sought to where it resumes. The seeks are waited for: until librdkafka has
+ * taken one, the partition's position is still where the last task left it, and a lane
+ * moved to it (kw_skip_gaps) would skip its range. Each parked partition's fetch queue is
+ * led back into the reader's only then, emptied of the barriers its pause, resume and seek
+ * put there (drain_own). */
+int kw_start(kw_reader *r, int park, char *err, size_t errlen) {
+    rd_kafka_topic_partition_list_t *parked = rk.tpl_new(8);
+    int *lane = malloc((size_t)(r->nlanes ? r->nlanes : 1) * sizeof(int));
+    int e = 0;
+    for (int i = 0; i < r->nlanes && !e; i++) {
         kw_lane *l = &r->lanes[i];
-        if (i > 0 && r->lanes[i - 1].topic == l->topic &&
-            r->lanes[i - 1].partition == l->partition)
+        if (i > 0 && same_partition(&r->lanes[i - 1], l))
             continue;
-        if (rk.consume_start_queue(r->topics[l->topic], l->partition, l->position,
-                                   r->queue) == -1) {
-            int e = rk.last_error();
-            snprintf(err, errlen, "%s", rk.err2str(e));
-            return e ? e : -1;
+        kw_slot *p = park_of(r, l->topic, l->partition);
+        if (p->state == KW_PARKED) {
+            lane[parked->cnt] = i;
+            rk.tpl_add(parked, r->topic_names[l->topic], l->partition);
+        } else if (p->state == KW_IDLE) {
+            e = start_partition(r, l, err, errlen);
         }
     }
+    if (!e && parked->cnt) {
+        /* where each resumes: after the last message polled, or, none polled since it was
+         * last started or sought, there */
+        rk.position(r->rk, parked);
+        for (int j = 0; j < parked->cnt; j++)
+            if (parked->elems[j].offset < 0)
+                parked->elems[j].offset = park_of(r, r->lanes[lane[j]].topic,
+                                                  r->lanes[lane[j]].partition)->from;
+        if (rk.resume_partitions(r->rk, parked) != 0) {
+            snprintf(err, errlen, "cannot resume the partitions its last task read");
+            e = -1;
+        }
+    }
+    r->msg_i = r->msg_n = 0;
+    r->resumed = 0;
+    rd_kafka_topic_partition_list_t *sought = rk.tpl_new(8);
+    int32_t woken[64];
+    int nwoken = 0;
+    for (int pass = 0; pass < 2 && !e; pass++) {
+        for (int j = 0; j < parked->cnt; j++) {
+            kw_lane *l = &r->lanes[lane[j]];
+            kw_slot *p = park_of(r, l->topic, l->partition);
+            int64_t resumes = parked->elems[j].offset;
+            int resumable = p->end <= l->position && l->position <= resumes;
+            int seen = nwoken == 64;
+            for (int w = 0; w < nwoken && !seen; w++)
+                seen = woken[w] == p->leader1;
+            if (pass == 0 && !resumable) {   /* sought to its range */
+                park_drop(p);
+                p->from = l->position;
+                rk.tpl_add(sought, r->topic_names[l->topic], l->partition)->offset = p->from;
+            } else if (pass == 1 && resumable && !seen) {   /* sought to wake its leader */
+                p->from = resumes;
+                rk.tpl_add(sought, r->topic_names[l->topic], l->partition)->offset = resumes;
+            } else {
+                continue;
+            }
+            if (!seen)
+                woken[nwoken++] = p->leader1;
+        }
+    }
+    if (!e && sought->cnt) {
+        void *failed = rk.seek_partitions(r->rk, sought, 30000);
+        if (failed) {
+            snprintf(err, errlen, "%s", rk.error_string(failed));
+            rk.error_destroy(failed);
+            e = -1;
+        }
+        for (int j = 0; j < sought->cnt && !e; j++)
+            if (sought->elems[j].err) {
+                e = sought->elems[j].err;
+                snprintf(err, errlen, "%s", rk.err2str(e));
+            }
+    }
+    rk.tpl_destroy(sought);
+    for (int j = 0; j < parked->cnt && !e; j++) {
+        kw_lane *l = &r->lanes[lane[j]];
+        kw_slot *p = park_of(r, l->topic, l->partition);
+        if (p->end <= l->position && l->position <= parked->elems[j].offset)
+            r->resumed++;
+        /* the messages it carried, ahead of any fetched since */
+        for (int m = 0; m < p->n; m++)
+            pending(r, p->carry[m]);
+        p->n = 0;
+        drain_own(r, p, 1);
+        rk.queue_forward(p->own, r->queue);
+    }
+    free(lane);
+    rk.tpl_destroy(parked);
+    if (e)
+        return e;
+    for (int i = 0; i < r->nlanes; i++) {
+        kw_lane *l = &r->lanes[i];
+        kw_slot *p = park_of(r, l->topic, l->partition);
+        p->state = KW_READING;
+        p->end = partition_end(r, i);
+        if (i == 0 || !same_partition(&r->lanes[i - 1], l)) {
+            p->limit = 2 * (p->end - l->position);
+            p->limit = p->limit < KW_CARRY_MIN ? KW_CARRY_MIN : p->limit;
+        }
+    }
+    r->parking = park;
     r->started = 1;
     return 0;
 }
+
+int kw_resumed(kw_reader *r) { return r->resumed; }
 
 /* ---- column building ---- */
 static void *grow(void *p, int64_t *cap, int64_t need, size_t item) {
@@ -531,8 +782,12 @@ int kw_poll(kw_reader *r, int want, int timeout_ms) {
             continue;
         }
         int lane = file(r, m);
+        if (lane < 0) {
+            past_end(r, m);
+            continue;
+        }
         rk.message_destroy(m);
-        if (lane >= 0) {
+        {
             kw_lane *l = &r->lanes[lane];
             if (l->n >= r->max_records || l->key.len + l->value.len + l->hvalue.len >= r->max_bytes) {
                 r->event_lane = lane;
@@ -557,6 +812,9 @@ void kw_stop_lane(kw_reader *r, int lane) {
     if (r->started && !l->stopped) {
         rk.consume_stop(r->topics[l->topic], l->partition);
         l->stopped = 1;
+        kw_slot *p = park_of(r, l->topic, l->partition);
+        park_drop(p);
+        p->state = KW_IDLE;
     }
 }
 
@@ -569,6 +827,11 @@ int kw_restart_lane(kw_reader *r, int lane, int64_t offset) {
     if (r->started && !l->stopped)
         rk.consume_stop(r->topics[l->topic], l->partition);
     l->stopped = 0;
+    kw_slot *p = park_of(r, l->topic, l->partition);
+    park_drop(p);
+    p->state = KW_READING;
+    p->from = offset;
+    lead_back(r, p);
     if (rk.consume_start_queue(r->topics[l->topic], l->partition, offset, r->queue) == -1) {
         int e = rk.last_error();
         l->stopped = 1;
@@ -818,8 +1081,23 @@ static void clear(kw_reader *r, int stop) {
     r->event_lane = -1;
 }
 
+/* Stop every partition parked by an earlier task (their fetch queues lead to this queue). */
+static void unpark(kw_reader *r) {
+    for (int t = 0; t < r->ntopics; t++)
+        for (int32_t q = 0; q < r->nparks[t]; q++) {
+            kw_slot *p = &r->parks[t][q];
+            if (p->state == KW_PARKED) {
+                rk.consume_stop(r->topics[t], q);
+                drain_own(r, p, 0);
+            }
+            park_drop(p);
+            p->state = KW_IDLE;
+        }
+}
+
 int kw_reset(kw_reader *r) {
     clear(r, 1);
+    unpark(r);
     /* Stopping a partition unforwards its fetch queue and outdates what it had fetched;
      * a new queue also leaves behind anything still in the old one. */
     rk.queue_destroy(r->queue);
@@ -827,10 +1105,52 @@ int kw_reset(kw_reader *r) {
     return r->queue ? 0 : -1;
 }
 
+int kw_park(kw_reader *r) {
+    /* polled, not filed: the next range's */
+    while (r->msg_i < r->msg_n)
+        past_end(r, r->msgs[r->msg_i++]);
+    rd_kafka_topic_partition_list_t *list = rk.tpl_new(r->nlanes ? r->nlanes : 1);
+    for (int i = 0; i < r->nlanes; i++) {
+        kw_lane *l = &r->lanes[i];
+        kw_slot *p = park_of(r, l->topic, l->partition);
+        if (l->position < l->end)
+            p->end = INT64_MAX; /* a range not done: its partition starts again next time */
+        if ((i > 0 && same_partition(&r->lanes[i - 1], l)) || p->state != KW_READING)
+            continue;
+        p->state = KW_PARKED;
+        if (!p->own)
+            p->own = rk.queue_get_partition(r->rk, r->topic_names[l->topic], l->partition);
+        if (!p->own) {   /* not known any more: stopped, started again if read again */
+            rk.consume_stop(r->topics[l->topic], l->partition);
+            park_drop(p);
+            p->state = KW_IDLE;
+            continue;
+        }
+        rk.queue_forward(p->own, NULL);   /* its pause's barrier stays with it (drain_own) */
+        rk.tpl_add(list, r->topic_names[l->topic], l->partition);
+    }
+    int e = list->cnt ? rk.pause_partitions(r->rk, list) : 0;
+    rk.tpl_destroy(list);
+    r->parking = 0;
+    clear(r, 0);
+    return e;
+}
+
 static void teardown(kw_reader *r, int stop) {
     if (!r)
         return;
     clear(r, stop);
+    for (int t = 0; t < r->ntopics; t++) {
+        for (int32_t q = 0; q < r->nparks[t]; q++) {
+            park_drop(&r->parks[t][q]);
+            free(r->parks[t][q].carry);
+            if (r->parks[t][q].own)
+                rk.queue_destroy(r->parks[t][q].own);
+        }
+        free(r->parks[t]);
+    }
+    free(r->parks);
+    free(r->nparks);
     if (r->queue)
         rk.queue_destroy(r->queue);
     for (int t = 0; t < r->ntopics; t++) {

@@ -73,7 +73,10 @@ int kw_add_lane(kw_reader *r, const char *topic, int32_t partition, int64_t posi
                 int64_t end);
 /* The lane's address: valid until the next kw_add_lane (which may move every lane). */
 kw_lane *kw_lane_at(kw_reader *r, int i);
-int kw_start(kw_reader *r, char *err, size_t errlen);
+/* Start fetching the lanes' partitions; with `park`, the task ends with kw_park. */
+int kw_start(kw_reader *r, int park, char *err, size_t errlen);
+/* How many partitions the last kw_start resumed where its last task left them (kw_park). */
+int kw_resumed(kw_reader *r);
 int kw_poll(kw_reader *r, int want, int timeout_ms);
 int kw_got(kw_reader *r);
 int kw_event_lane(kw_reader *r);
@@ -112,6 +115,13 @@ void kw_free(void *p);
  * every message not yet taken dropped, a new queue; the librdkafka handle stays, with its
  * broker connections, topics and metadata (a Python worker's next task, DESIGN §19). */
 int kw_reset(kw_reader *r);
+/* Ready the reader for another task's ranges keeping its partitions, every range done:
+ * each is paused where it stands, with the messages polled past its ranges kept for the
+ * next; the next task resumes those its ranges begin at (kw_start) and starts the others,
+ * where librdkafka pays a pass over every partition it knows for each partition started,
+ * and again to stop it (bench/README.md, "What librdkafka does per partition at 4,096").
+ * kw_reset stops them. Returns 0, else librdkafka's error. */
+int kw_park(kw_reader *r);
 /* Stop every partition, then destroy the consumer. */
 void kw_close(kw_reader *r);
 /* Destroy the consumer with its partitions still fetching: librdkafka stops them together,

@@ -1,7 +1,7 @@
 """A task's Kafka consumer (kwatermark.compiled's pool, kwatermark.consumer): kept by the
-worker between tasks and reset, or, for a task of thousands of partitions, destroyed aside
-after it with the next task's made ahead; the Python engine's likewise learns its topics
-first and is closed aside. Every task reads exactly its ranges; the ground truth is what
+worker between tasks and reset, or, for a task of thousands of partitions, kept with its
+partitions paused for the next task to resume; the Python engine's learns its topics first
+and is closed aside. Every task reads exactly its ranges; the ground truth is what
 the producer wrote."""
 
 from __future__ import annotations
@@ -83,52 +83,90 @@ def test_a_worker_keeps_its_consumer_between_tasks_and_nothing_of_the_last_task(
 
 
 @pytest.mark.skipif(compiled.unavailable() is not None, reason="compiled engine not built")
-@pytest.mark.parametrize("stop_after_s", [60.0, 0.0])
-def test_a_task_of_many_partitions_destroys_its_consumer_with_them_started(
-        broker, monkeypatch, stop_after_s):
-    """A task of more than DISCARD_PARTITIONS partitions (thousands, in use; 4 here) leaves
-    the partitions whose ranges are done fetching, and destroys its consumer at the end
-    instead of stopping them one by one: its records are still exactly its ranges', when the
-    task ends within STOP_AFTER_S (nothing stopped) and when it runs longer (its finished
-    partitions stopped then), with one range far longer than the others whose partitions
-    go on past their ranges; its consumer is not kept but destroyed on a thread of its own,
-    which then makes the worker's next task a consumer that knows the topic, and the next
-    task reads on with that one."""
+def test_a_task_of_many_partitions_parks_them_for_the_next(broker, monkeypatch):
+    """A task of more than MANY_PARTITIONS partitions (thousands, in use; 5 or 6 here)
+    leaves the partitions whose ranges are done fetching and, at its end, pauses them where
+    they stand instead of stopping them: the worker keeps its consumer, and the next task
+    resumes each partition whose range begins where the last one's ended, with what was
+    fetched past that end. Every task's records are exactly its ranges': ranges that go on
+    (resumed; one a task also sought, to wake the broker's fetching), a range behind and
+    one ahead of where the partition stood (sought), a partition parked through a task that
+    did not read it, a partition whose log runs far past its short range (more fetched past
+    it than it may keep: sought next time), records appended after a range that ended at
+    the log's end, and a task that runs longer than STOP_AFTER_S (its finished partitions
+    stopped as they finish, then started again by the next task: none resumes there, and
+    each is read, though its fetch queue was led away while it was parked). A task that
+    fails closes its consumer; the next makes a new one."""
     monkeypatch.setattr(compiled, "_clients", compiled._Clients())
-    monkeypatch.setattr(compiled, "DISCARD_PARTITIONS", 4)
-    monkeypatch.setattr(compiled, "STOP_AFTER_S", stop_after_s)
+    monkeypatch.setattr(compiled, "MANY_PARTITIONS", 4)
     topic = broker.create_topic(6)
     writer = TopicWriter(broker, topic)
-    writer.send([Record(p, 1_000 + i, value=f"{p}-{i}".encode())
-                 for i in range(3_000) for p in range(6)])
+    written = [0] * 6
+
+    def log_to(p: int, end: int) -> None:
+        writer.send([Record(p, 1_000 + i, value=f"{p}-{i}".encode())
+                     for i in range(written[p], end)])
+        written[p] = max(written[p], end)
+
     options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
                              "subscribe": topic, "readEngine": "compiled",
-                             "arrow.maxRecordsPerBatch": "500"})
-    made_ahead = []
-    # (the longest range of each task the same length: the same prefetch, so the same
-    # consumer configuration, as a steady stream's micro-batches ask)
-    for spans in ([(0, 0, 1_200)] + [(p, 0, 3) for p in range(1, 6)],
-                  [(0, 1_200, 2_400)] + [(p, 3, 40) for p in range(1, 6)]):
+                             "arrow.maxRecordsPerBatch": "500",
+                             "kafkaConsumer.pollTimeoutMs": "20000"})
+
+    def read(spans: list[tuple[int, int, int]], grow: bool = True
+             ) -> tuple[compiled._Client, int]:
+        for p, _, end in spans:
+            if grow and written[p] < end:
+                log_to(p, end)
         tasks = [RangeTask(topic, p, a, b, PartitionState(), True, None, NO_PARTITIONS)
                  for p, a, b in spans]
-        before = [client for client, _ in compiled._clients.kept.values()]
         table = pa.Table.from_batches(list(PackReader(options, OutputLayout(), Decoders(),
                                                       tasks)),
                                       schema=OutputLayout().schema())
         got = sorted(zip(table.column("partition").to_pylist(),
                          table.column("offset").to_pylist(),
                          table.column("value").to_pylist()))
-        assert got == [(p, i, f"{p}-{i}".encode()) for p, a, b in spans
+        assert got == [(p, i, f"{p}-{i}".encode()) for p, a, b in sorted(spans)
                        for i in range(a, b)]
-        assert before == made_ahead
-        assert all(client.handle == compiled.ffi.NULL for client in before), \
-            "the consumer made ahead was not the one this task read and destroyed"
-        # the task ended without waiting for its consumer's destroy, which still ends
-        assert closed_aside(30), "a discarded consumer never closed"
-        made_ahead = [client for client, _ in compiled._clients.kept.values()]
-        assert len(made_ahead) == 1 and made_ahead[0] not in before
-        assert made_ahead[0].handle != compiled.ffi.NULL
-        assert made_ahead[0].described == {topic}
+        (client, _), = compiled._clients.kept.values()
+        return client, compiled.lib.kw_resumed(client.handle)
+
+    log_to(0, 3_000)   # partition 0's log runs on 1,800 records past its first range
+    log_to(1, 900)     # partition 1's, 897 past its first range of 3: more than it keeps
+    # (the longest range of each task the same length: the same prefetch, so the same
+    # consumer configuration, as a steady stream's micro-batches ask)
+    monkeypatch.setattr(compiled, "STOP_AFTER_S", 60)
+    first, _ = read([(0, 0, 1_200)] + [(p, 0, 3) for p in range(1, 6)])
+    steps = [   # a task's ranges, how many of its partitions resume, STOP_AFTER_S
+        # every range goes on where the last ended; partition 1 kept too little
+        ([(0, 1_200, 2_400)] + [(p, 3, 40) for p in range(1, 6)], 5, 60),
+        # partition 0 behind where it stood, 1 ahead of it: sought
+        ([(0, 100, 1_300), (1, 2_000, 2_010)] + [(p, 40, 45) for p in range(2, 6)], 4, 60),
+        # partition 0 not read: it stays parked
+        ([(1, 2_010, 2_020)] + [(p, 45, 1_245) for p in range(2, 6)], 5, 60),
+        # partition 0 again where it stood, 5 to the log's end; all stopped as they finish
+        ([(0, 1_300, 2_500), (1, 2_020, 2_030)] + [(p, 1_245, 1_250) for p in (2, 3, 4)]
+         + [(5, 1_245, 3_000)], 6, 0),
+        # so started again; records appended to partition 5 after it ended at the log's end
+        ([(0, 2_500, 2_510)] + [(p, 1_250, 1_260) for p in (2, 3, 4)]
+         + [(1, 2_030, 2_040), (5, 3_000, 4_200)], 0, 60),
+        # partition 0's short range left 490 records of its log past it: too many to keep
+        ([(0, 2_510, 2_520)] + [(p, 1_260, 1_270) for p in (2, 3, 4)]
+         + [(1, 2_040, 2_050), (5, 4_200, 5_400)], 5, 60),
+    ]
+    for spans, resumed, stop_after_s in steps:
+        monkeypatch.setattr(compiled, "STOP_AFTER_S", stop_after_s)
+        client, resumed_now = read(spans)
+        assert client is first and client.handle != compiled.ffi.NULL
+        assert resumed_now == resumed, spans
+
+    with pytest.raises(KWatermarkError, match=f"topic {topic}, partition 2"):
+        read([(0, 2_520, 2_530), (1, 2_040, 2_050), (3, 1_260, 1_270), (4, 1_260, 1_270),
+              (2, 1_270, 2_470)], grow=False)   # partition 2's log ends at 1,270
+    assert not compiled._clients.kept and first.handle == compiled.ffi.NULL
+    again, resumed_now = read([(0, 1_500, 2_700), (1, 2_040, 2_050)]
+                              + [(p, 1_260, 1_270) for p in (2, 3, 4)], grow=False)
+    assert again is not first and resumed_now == 0
 
 
 class _Recorded:
@@ -148,13 +186,13 @@ class _Recorded:
 
 def test_a_python_task_of_many_partitions_learns_its_topics_and_closes_aside(broker,
                                                                              monkeypatch):
-    """The Python engine's task of more than DISCARD_PARTITIONS partitions (thousands, in
+    """The Python engine's task of more than MANY_PARTITIONS partitions (thousands, in
     use; 4 here) asks its topic's metadata before its partitions' offsets (a consumer that
     learns a 4,096-partition topic from its first offsets request waited up to 0.77 s), and
     its consumer is closed on a thread of its own after the task's last row, not by the
     task (~170 ms at 2,048 partitions); a task of fewer closes its own. Both read exactly
     their ranges."""
-    monkeypatch.setattr(compiled, "DISCARD_PARTITIONS", 4)
+    monkeypatch.setattr(compiled, "MANY_PARTITIONS", 4)
     topic = broker.create_topic(6)
     TopicWriter(broker, topic).send([Record(p, 1_000 + i, value=f"{p}-{i}".encode())
                                      for i in range(50) for p in range(6)])
