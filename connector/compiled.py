@@ -70,6 +70,15 @@ MAX_PARTITIONS = 1 << 16   # leaders read per topic (a topic has at most some th
 # records fetched past its ranges (kw_park); the worker keeps the consumer, and its next task
 # resumes each partition whose range begins where the last ended (kw_start).
 MANY_PARTITIONS = 1024
+# A task of more than MANY_PARTITIONS partitions asks librdkafka to keep at least this many
+# records a partition fetched ahead (its prefetch, kwatermark.consumer.prefetch, otherwise
+# all of a range's records where they are few): successive micro-batches, whose longest
+# range differs by a record or two, then share one configuration, so one kept consumer, and
+# resume its parked partitions. With the prefetch following the longest range (2, 3 or 4
+# records at 4,096 partitions and 8,192 records a batch), a worker's tasks took turns on
+# four consumers whose partitions each stood batches behind, and none resumed. The same as
+# the extension's KW_CARRY_MIN: what a partition keeps past its range.
+MANY_PREFETCH = 64
 # The longest a new consumer of more than MANY_PARTITIONS partitions waits for its
 # topics' metadata before it starts reading (_Client.learn_topics; ~45 ms at 4,096
 # partitions, librdkafka taking in every partition); a slower answer is not waited for.
@@ -356,13 +365,15 @@ class CompiledReader:
             planned[r.task.tp] = planned.get(r.task.tp, 0) + r.task.end - r.task.start
         if not planned:
             return
-        conf = task_conf(self.options, max(planned.values()), len(planned))
+        many = len(planned) > MANY_PARTITIONS
+        longest = max(planned.values())
+        conf = task_conf(self.options, max(longest, MANY_PREFETCH) if many else longest,
+                         len(planned))
         conf.pop("logger", None)   # the extension logs to the same logger itself
         if not self.options.group_id:
             conf.pop("group.id", None)   # the legacy API needs none; no commits, no group
         client = _clients.take(conf, self.layout.include_headers,
                                self.options.records_per_batch(True))
-        many = len(planned) > MANY_PARTITIONS
         try:
             yield from self._read(client, reading, park=many)
         except BaseException:   # a failure, or Spark stopping early: a consumer of its own
