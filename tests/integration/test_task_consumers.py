@@ -169,6 +169,38 @@ def test_a_task_of_many_partitions_parks_them_for_the_next(broker, monkeypatch):
     assert again is not first and resumed_now == 0
 
 
+@pytest.mark.skipif(compiled.unavailable() is not None, reason="compiled engine not built")
+def test_a_steady_streams_tasks_of_many_partitions_share_one_parked_consumer(broker,
+                                                                            monkeypatch):
+    """Successive tasks of many partitions whose longest range differs by a record (a
+    steady stream's micro-batches at thousands of partitions: 2, 3 or 4 records a range)
+    ask for the same consumer configuration, so the worker's one kept consumer serves them
+    and resumes every partition; with the prefetch following the longest range each took
+    a consumer of its own, whose partitions stood behind."""
+    monkeypatch.setattr(compiled, "_clients", compiled._Clients())
+    monkeypatch.setattr(compiled, "MANY_PARTITIONS", 4)
+    topic = broker.create_topic(6)
+    TopicWriter(broker, topic).send([Record(p, 1_000 + i, value=f"{p}-{i}".encode())
+                                     for i in range(9) for p in range(6)])
+    options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
+                             "subscribe": topic, "readEngine": "compiled"})
+    clients, resumed = [], []
+    for start, end in ((0, 2), (2, 5), (5, 7), (7, 9)):
+        tasks = [RangeTask(topic, p, start, end, PartitionState(), True, None, NO_PARTITIONS)
+                 for p in range(6)]
+        table = pa.Table.from_batches(list(PackReader(options, OutputLayout(), Decoders(),
+                                                      tasks)),
+                                      schema=OutputLayout().schema())
+        assert sorted(zip(table.column("partition").to_pylist(),
+                          table.column("offset").to_pylist())) == \
+            [(p, i) for p in range(6) for i in range(start, end)]
+        (client, _), = compiled._clients.kept.values()
+        clients.append(client)
+        resumed.append(compiled.lib.kw_resumed(client.handle))
+    assert all(client is clients[0] for client in clients)
+    assert resumed == [0, 6, 6, 6]
+
+
 class _Recorded:
     """A real confluent-kafka consumer whose calls are recorded: (method, thread)."""
 
