@@ -167,9 +167,7 @@ class _Client:
 
     def __init__(self, conf: dict, headers: bool, max_records: int, pool_key: tuple = ()):
         self.key = pool_key   # _Clients' key: the configuration it was made with
-        self.made_with = (conf, headers, max_records)
         self.described: set[str] = set()   # topics whose metadata it has (learn_topics)
-        self.topics: list[str] = []   # its last task's topics, where it had many partitions
         names, values = [], []
         for key, value in conf.items():
             if isinstance(value, bool):

@@ -100,13 +100,12 @@ def learn_topics(ask: Callable[[str], object], topics: Iterable[str]) -> set[str
 _closing = threading.Lock()   # held while a task's consumer is destroyed on its own thread
 
 
-def close_aside(close: Callable[[], None], then: Callable[[], None] | None = None) -> None:
-    """Destroy a task's consumer of many partitions (``close``) on a thread, then run
-    ``then`` there, so the task ends without waiting: destroying a consumer with thousands
-    of started partitions took up to ~0.6 s (the compiled engine's) and ~170 ms on average
-    (confluent-kafka's ``close`` at 2,048). One runs at a time; a task that ends while one
-    runs closes its own consumer itself (and skips ``then``), so unfinished destroys never
-    pile up."""
+def close_aside(close: Callable[[], None]) -> None:
+    """Destroy a task's consumer of many partitions (``close``) on a thread, so the task ends
+    without waiting: confluent-kafka's ``close`` of a consumer with 2,048 started partitions
+    took ~170 ms (the Python engine's; the compiled engine parks its partitions instead). One
+    runs at a time; a task that ends while one runs closes its own consumer itself, so
+    unfinished destroys never pile up."""
     if not _closing.acquire(blocking=False):
         close()
         return
@@ -114,8 +113,6 @@ def close_aside(close: Callable[[], None], then: Callable[[], None] | None = Non
     def run() -> None:
         try:
             close()
-            if then is not None:
-                then()
         except (KafkaException, RuntimeError) as exc:   # nothing waits for it to say so
             log.warning("closing a task's Kafka consumer: %s", exc)
         finally:

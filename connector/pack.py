@@ -105,8 +105,8 @@ class PackReader:
         if planned:
             consumer = open_consumer(self.options, max(planned.values()), len(planned))
             # A consumer of thousands of partitions learns its topics before it asks their
-            # offsets, and is destroyed aside (kwatermark.consumer), as the compiled
-            # engine's is.
+            # offsets, as the compiled engine's does, and is destroyed aside
+            # (kwatermark.consumer.close_aside).
             many = len(planned) > compiled.MANY_PARTITIONS
             try:
                 if many:
