@@ -169,6 +169,16 @@ def test_a_task_of_many_partitions_parks_them_for_the_next(broker, monkeypatch):
     assert again is not first and resumed_now == 0
 
 
+def _six_partitions(broker, records: int, engine: str):
+    """A topic of 6 partitions holding ``records`` records each (value ``"p-i"``), and the
+    options that read it with ``engine``."""
+    topic = broker.create_topic(6)
+    TopicWriter(broker, topic).send([Record(p, 1_000 + i, value=f"{p}-{i}".encode())
+                                     for i in range(records) for p in range(6)])
+    return topic, parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
+                                 "subscribe": topic, "readEngine": engine})
+
+
 @pytest.mark.skipif(compiled.unavailable() is not None, reason="compiled engine not built")
 def test_a_steady_streams_tasks_of_many_partitions_share_one_parked_consumer(broker,
                                                                             monkeypatch):
@@ -179,11 +189,7 @@ def test_a_steady_streams_tasks_of_many_partitions_share_one_parked_consumer(bro
     a consumer of its own, whose partitions stood behind."""
     monkeypatch.setattr(compiled, "_clients", compiled._Clients())
     monkeypatch.setattr(compiled, "MANY_PARTITIONS", 4)
-    topic = broker.create_topic(6)
-    TopicWriter(broker, topic).send([Record(p, 1_000 + i, value=f"{p}-{i}".encode())
-                                     for i in range(9) for p in range(6)])
-    options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
-                             "subscribe": topic, "readEngine": "compiled"})
+    topic, options = _six_partitions(broker, 9, "compiled")
     clients, resumed = [], []
     for start, end in ((0, 2), (2, 5), (5, 7), (7, 9)):
         tasks = [RangeTask(topic, p, start, end, PartitionState(), True, None, NO_PARTITIONS)
@@ -225,11 +231,7 @@ def test_a_python_task_of_many_partitions_learns_its_topics_and_closes_aside(bro
     task (~170 ms at 2,048 partitions); a task of fewer closes its own. Both read exactly
     their ranges."""
     monkeypatch.setattr(compiled, "MANY_PARTITIONS", 4)
-    topic = broker.create_topic(6)
-    TopicWriter(broker, topic).send([Record(p, 1_000 + i, value=f"{p}-{i}".encode())
-                                     for i in range(50) for p in range(6)])
-    options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
-                             "subscribe": topic, "readEngine": "python"})
+    topic, options = _six_partitions(broker, 50, "python")
     opened = pack_module.open_consumer
     for partitions in (6, 3):
         calls: list = []
