@@ -547,6 +547,7 @@ int kw_start(kw_reader *r, int park, char *err, size_t errlen) {
             kw_slot *p = park_of(r, l->topic, l->partition);
             int64_t resumes = parked->elems[j].offset;
             int resumable = p->end <= l->position && l->position <= resumes;
+            r->resumed += pass == 0 && resumable;
             int seen = nwoken == 64;
             for (int w = 0; w < nwoken && !seen; w++)
                 seen = woken[w] == p->leader1;
@@ -581,8 +582,6 @@ int kw_start(kw_reader *r, int park, char *err, size_t errlen) {
     for (int j = 0; j < parked->cnt && !e; j++) {
         kw_lane *l = &r->lanes[lane[j]];
         kw_slot *p = park_of(r, l->topic, l->partition);
-        if (p->end <= l->position && l->position <= parked->elems[j].offset)
-            r->resumed++;
         /* the messages it carried, ahead of any fetched since */
         for (int m = 0; m < p->n; m++)
             pending(r, p->carry[m]);
