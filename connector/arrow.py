@@ -102,19 +102,19 @@ def kafka_columns(layout: OutputLayout, topic: str, partition: int, keys: list, 
 
 def kafka_columns_of(layout: OutputLayout, blocks: list) -> list[pa.Array]:
     """The Kafka columns of several ``RecordBlock``s (of any partitions), one after another."""
-    if len(blocks) == 1 and blocks[0].parts is None:
+    if len(blocks) == 1 and blocks[0].placed is None:
         b = blocks[0]
         return kafka_columns(layout, b.topic, b.partition, b.keys, b.values, b.offsets,
                              b.timestamps_ms, b.timestamp_types, b.headers)
-    parts = [part for b in blocks
-             for part in (b.parts if b.parts is not None else [(b.topic, b.partition, len(b))])]
-    lengths = [n for _, _, n in parts]
-    topics = sorted({topic for topic, _, _ in parts})
+    placed = [b.placed if b.placed is not None else
+              ([b.topic], np.zeros(len(b), dtype=np.int32),
+               np.full(len(b), b.partition, dtype=np.int32)) for b in blocks]
+    topics = sorted({topic for names, _, _ in placed for topic in names})
     index = {topic: i for i, topic in enumerate(topics)}
     return _kafka_columns(
-        layout, topics,
-        np.repeat(np.array([p for _, p, _ in parts], dtype=np.int32), lengths),
-        np.repeat(np.array([index[t] for t, _, _ in parts], dtype=np.int32), lengths),
+        layout, topics, _joined([partitions for _, _, partitions in placed]),
+        _joined([np.array([index[t] for t in names], dtype=np.int32)[at]
+                 for names, at, _ in placed]),
         _joined([b.keys for b in blocks]), _joined([b.values for b in blocks]),
         _joined([b.offsets for b in blocks]),
         _joined([b.timestamps_ms for b in blocks]),
@@ -125,7 +125,7 @@ def kafka_columns_of(layout: OutputLayout, blocks: list) -> list[pa.Array]:
 def _joined(columns: list) -> list | pa.Array | np.ndarray:
     """Blocks' columns one after another: Python lists (the Python engine), Arrow arrays (the
     compiled engine, kwatermark.compiled) or numpy arrays. One column is itself, not a copy:
-    a compiled block of several ranges (``parts``) comes alone, and concatenating it alone
+    a compiled block of several ranges (``placed``) comes alone, and concatenating it alone
     copied every key and value once more."""
     if len(columns) == 1:
         return columns[0]

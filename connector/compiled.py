@@ -40,11 +40,11 @@ from kwatermark.consumer import (
     task_conf,
 )
 from kwatermark.errors import BrokerError, KWatermarkError, OptionError
-from kwatermark.faults import fault_point
+from kwatermark.faults import fault_point, faults_armed
 from kwatermark.options import SourceOptions
 from kwatermark.range_end import Stall, advance, done
 from kwatermark.rdkafka_log import librdkafka_logger
-from kwatermark.reader import Computed, RangeReader, compute_ranges
+from kwatermark.reader import Computed, RangeColumns, RangeReader
 from kwatermark.records import RecordBlock
 from kwatermark.retries import transient
 from kwatermark.security import refusal_hint
@@ -401,7 +401,8 @@ class CompiledReader:
         # Each lane's address only once every lane is added: adding one may move them all
         # (kw_add_lane grows the array). Taken earlier, the first 8 lanes of a pack of more
         # than 8 ranges pointed into freed memory and their ranges ended unread.
-        lanes = [_Lane(index, reader, lib.kw_lane_at(handle, index))
+        armed = faults_armed()
+        lanes = [_Lane(index, reader, lib.kw_lane_at(handle, index), armed)
                  for index, reader in added]
         if park:
             client.learn_topics({topic for topic, _ in by_tp})
@@ -418,7 +419,13 @@ class CompiledReader:
         open_ids = ffi.new("int32_t[]", [lane.index for lane in lanes])
         ready_ids = ffi.new("int32_t[]", n_open)
         left = ffi.new("int64_t *")
+        # Where every range allows it, the ranges are computed together from the first block
+        # to the last (RangeColumns, by row; a lane's row from its index), their states
+        # handed back to their readers at the end.
         together = all(lane.reader.at_once for lane in lanes)
+        columns = RangeColumns([lane.reader for lane in lanes]) if together else None
+        row_of = np.empty(max(lane.index for lane in lanes) + 1, dtype=np.int64)
+        row_of[[lane.index for lane in lanes]] = np.arange(len(lanes))
         faulty = [lane for lane in lanes if lane.fault is not None]
         size = self.options.records_per_batch(True)
         stall = Stall(self.options.poll_timeout_ms / 1000.0, time.monotonic())
@@ -448,7 +455,7 @@ class CompiledReader:
             if n_ready:
                 for block, computed in self._take(
                         handle, [by_index[i] for i in ffi.unpack(ready_ids, n_ready)],
-                        together, size):
+                        columns, row_of, size):
                     ready.append((block, computed))
                     ready_rows += len(block)
             if time.monotonic() - stall.last >= BOUNDS_AFTER_S:
@@ -476,14 +483,16 @@ class CompiledReader:
                 ready, ready_rows = [], 0
             if faulty:
                 self._trip_faults(faulty)
+        if columns is not None:
+            columns.settle()
 
-    def _take(self, handle, lanes: list[_Lane], together: bool, size: int
-              ) -> Iterator[tuple[RecordBlock, Computed]]:
+    def _take(self, handle, lanes: list[_Lane], columns: RangeColumns | None,
+              row_of: np.ndarray, size: int) -> Iterator[tuple[RecordBlock, Computed]]:
         """The records of ``lanes`` (each holding some), computed: one block a range, or,
-        where every range allows it (``RangeReader.at_once``), blocks of many ranges at
-        once, of up to ``size`` records and ``MAX_BLOCK_BYTES`` (Arrow's 32-bit offsets)."""
+        where every range allows it (``columns``), blocks of many ranges at once, of up to
+        ``size`` records and ``MAX_BLOCK_BYTES`` (Arrow's 32-bit offsets)."""
         headers = self.layout.include_headers
-        if not together:
+        if columns is None:
             for lane in lanes:
                 block = lane.take(handle, headers)
                 yield block, lane.reader._compute(block)
@@ -494,13 +503,13 @@ class CompiledReader:
             c = lane.c
             n, used = c.n, c.key.len + c.value.len + c.hkey.len + c.hvalue.len
             if group and (rows + n > size or nbytes + used > MAX_BLOCK_BYTES):
-                yield _take_ranges(handle, group, headers)
+                yield _take_ranges(handle, group, headers, columns, row_of)
                 group, rows, nbytes = [], 0, 0
             group.append(lane)
             rows += n
             nbytes += used
         if group:
-            yield _take_ranges(handle, group, headers)
+            yield _take_ranges(handle, group, headers, columns, row_of)
 
     def _on_event(self, handle, lanes: list[_Lane]) -> None:
         """An error message for a partition: as ``RangeReader._on_error`` and
@@ -590,21 +599,22 @@ def _listed(by_index: dict[int, _Lane], ids, n: int) -> list[_Lane]:
     return [by_index[i] for i in ffi.unpack(ids, n)]
 
 
-def _take_ranges(handle, lanes: list[_Lane], headers: bool) -> tuple[RecordBlock, Computed]:
-    """The records of several lanes as one block of their ranges (``RecordBlock.parts``),
-    computed at once (``reader.compute_ranges``)."""
-    ids = ffi.new("int32_t[]", [lane.index for lane in lanes])
+def _take_ranges(handle, lanes: list[_Lane], headers: bool, columns: RangeColumns,
+                 row_of: np.ndarray) -> tuple[RecordBlock, Computed]:
+    """The records of several lanes as one block of their ranges (``RecordBlock.placed``),
+    computed at once (``columns``, the task's ranges by row)."""
+    indexes = [lane.index for lane in lanes]
     counts = np.empty(len(lanes), dtype=np.int64)
     out = ffi.new("kw_lane *")
-    if lib.kw_take_lanes(handle, ids, len(lanes), out,
+    if lib.kw_take_lanes(handle, ffi.new("int32_t[]", indexes), len(lanes), out,
                          ffi.cast("int64_t *", counts.ctypes.data)) != 0:
         raise MemoryError(f"the compiled reader cannot hold the records of {len(lanes)} "
                           f"ranges in one block")
     first = lanes[0].reader.task
     block = _block(out, first.topic, first.partition, headers)
-    block.parts = [(lane.reader.task.topic, lane.reader.task.partition, n)
-                   for lane, n in zip(lanes, counts.tolist())]
-    return block, compute_ranges([lane.reader for lane in lanes], block, counts)
+    rows = row_of[indexes]
+    block.placed = columns.placed(rows, counts)
+    return block, columns.compute(rows, block, counts)
 
 
 def _first_open(lanes: list[_Lane]) -> dict[tuple[str, int], _Lane]:
@@ -619,11 +629,11 @@ def _first_open(lanes: list[_Lane]) -> dict[tuple[str, int], _Lane]:
 class _Lane:
     """One range being read: its reader and the extension's lane (``kw_lane``)."""
 
-    def __init__(self, index: int, reader: RangeReader, c):
+    def __init__(self, index: int, reader: RangeReader, c, armed: bool = True):
         self.index = index
         self.reader = reader
         self.c = c
-        self.fault = fault_point(reader.task)
+        self.fault = fault_point(reader.task) if armed else None
 
     def take(self, handle, headers: bool) -> RecordBlock:
         """The lane's records so far as a block, its buffers now owned by Arrow/numpy."""

@@ -12,6 +12,12 @@ from kwatermark.offsets import RangeTask
 FAULT_ENV = "KWATERMARK_TEST_FAIL_ONCE_DIR"
 
 
+def faults_armed() -> bool:
+    """Whether any task may fail (``fault_point`` says which): asked once per task, not per
+    range, where a task reads thousands."""
+    return bool(os.environ.get(FAULT_ENV))
+
+
 def fault_point(task: RangeTask) -> int | None:
     """Offset after which this task's first attempt fails (tests only): armed by a file
     ``<topic>.arm`` in the directory ``KWATERMARK_TEST_FAIL_ONCE_DIR`` names."""

@@ -34,15 +34,17 @@ from kwatermark.security import refusal_hint
 from kwatermark.watermarks import (
     NO_PARTITIONS,
     UNDEFINED,
+    BoundedOutOfOrderness,
     at_once,
+    current_ms,
     from_optional,
     make_assigner,
     needs_records,
     restore_generator,
     row_watermarks,
+    segmented_running_max,
     to_optional,
     watermarks_before,
-    watermarks_before_ranges,
 )
 
 log = logging.getLogger("kwatermark.reader")
@@ -279,33 +281,99 @@ class RangeReader:
 def compute_ranges(readers: list[RangeReader], block: RecordBlock, counts: np.ndarray
                    ) -> Computed:
     """``RangeReader._compute`` for the next blocks of many ranges at once, for readers whose
-    ``at_once`` holds (a pack of many small ranges, kwatermark.compiled): ``block`` holds
-    ``counts[i]`` (> 0) records of ``readers[i]``'s range, one range after another. Rows and
-    every range's state come out as if each range's block were computed alone; the numpy
-    work is done once, not once per range."""
-    tasks = [r.task for r in readers]
+    ``at_once`` holds: ``block`` holds ``counts[i]`` (> 0) records of ``readers[i]``'s range,
+    one range after another. Rows and every range's state come out as if each range's block
+    were computed alone (``RangeColumns``, whose states are written back here)."""
+    columns = RangeColumns(readers)
+    computed = columns.compute(np.arange(len(readers)), block, counts)
+    columns.settle()
+    return computed
 
-    def per_row(values: list) -> np.ndarray:
-        return np.repeat(np.array(values, dtype=np.int64), counts)
 
-    event_times, _ = readers[0].assigner.assign(block)
-    own_before = watermarks_before_ranges([r.generator for r in readers], event_times, counts)
-    own_before = np.maximum(own_before, per_row([r.advanced for r in readers]))
-    rows = row_watermarks(own_before, per_row([t.others_ms for t in tasks]),
-                          per_row([r.previous for r in readers]),
-                          np.repeat(np.array([t.counted for t in tasks], dtype=bool), counts),
-                          per_row([from_optional(t.floor_ms) for t in tasks]))
-    heads = np.cumsum(counts) - counts
-    known = event_times != UNDEFINED
-    lows = np.minimum.reduceat(np.where(known, event_times, NO_PARTITIONS), heads).tolist()
-    highs = np.maximum.reduceat(np.where(known, event_times, UNDEFINED), heads).tolist()
-    tops = np.maximum.reduceat(rows, heads).tolist()
-    for i, reader in enumerate(readers):
-        found = highs[i] != UNDEFINED
-        reader._count(int(counts[i]), lows[i] if found else None, highs[i] if found else None,
-                      tops[i])
-    return Computed(event_times, rows, _late(readers[0].options, event_times, rows), None,
-                    None, None, None)
+class RangeColumns:
+    """The ranges of a task computed together (kwatermark.compiled: a pack of thousands of
+    small ranges, each a few records a block), as columns: each range's inputs and its state
+    so far, by row (``readers[row]``). ``compute`` takes any rows' next records at once, with
+    numpy work per block and none per range; ``settle`` hands each range's state back to its
+    ``RangeReader`` (generator, counts, event times) once the ranges are read, so its
+    progress record is the one it would have made alone.
+
+    Only for readers whose ``at_once`` holds (built-in generators that need no record, on
+    Kafka's timestamps) and of one pack (one ``options``: one generator configuration)."""
+
+    def __init__(self, readers: list[RangeReader]):
+        self.readers = readers
+        tasks = [r.task for r in readers]
+        first = readers[0]
+        self.options = first.options
+        self.assigner = first.assigner
+        self.bounded = type(first.generator) is BoundedOutOfOrderness
+        if self.bounded:
+            self.max_ts = np.array([UNDEFINED if r.generator.max_ts is None
+                                    else r.generator.max_ts for r in readers], dtype=np.int64)
+            self.bound = first.generator.bound_ms + 1   # one configuration per pack
+        else:   # NoWatermarks, TimeLag: one watermark a range, whatever it reads
+            self.constant = np.array([current_ms(r.generator) for r in readers],
+                                     dtype=np.int64)
+        self.advanced = np.array([r.advanced for r in readers], dtype=np.int64)
+        self.previous = np.array([r.previous for r in readers], dtype=np.int64)
+        self.others = np.array([t.others_ms for t in tasks], dtype=np.int64)
+        self.counted = np.array([t.counted for t in tasks], dtype=bool)
+        self.floor = np.array([from_optional(t.floor_ms) for t in tasks], dtype=np.int64)
+        self.topics = sorted({t.topic for t in tasks})
+        index = {topic: i for i, topic in enumerate(self.topics)}
+        self.topic_index = np.array([index[t.topic] for t in tasks], dtype=np.int32)
+        self.partition = np.array([t.partition for t in tasks], dtype=np.int32)
+        n = len(readers)
+        self.count = np.zeros(n, dtype=np.int64)
+        self.low = np.full(n, NO_PARTITIONS, dtype=np.int64)   # none yet
+        self.high = np.full(n, UNDEFINED, dtype=np.int64)
+        self.top = np.full(n, UNDEFINED, dtype=np.int64)
+
+    def compute(self, rows: np.ndarray, block: RecordBlock, counts: np.ndarray) -> Computed:
+        """The next records of the ranges ``rows`` (distinct), ``counts[i]`` (> 0) of
+        ``rows[i]``'s, one range after another in ``block``; advances their states."""
+        def per_row(column: np.ndarray) -> np.ndarray:
+            return np.repeat(column[rows], counts)
+
+        event_times, _ = self.assigner.assign(block)
+        if self.bounded:
+            before, last = segmented_running_max(self.max_ts[rows], event_times, counts)
+            self.max_ts[rows] = last
+            own_before = np.where(before == UNDEFINED, UNDEFINED, before - self.bound)
+        else:
+            own_before = per_row(self.constant)
+        own_before = np.maximum(own_before, per_row(self.advanced))
+        marks = row_watermarks(own_before, per_row(self.others), per_row(self.previous),
+                               per_row(self.counted), per_row(self.floor))
+        heads = np.cumsum(counts) - counts
+        known = event_times != UNDEFINED
+        self.count[rows] += counts
+        self.low[rows] = np.minimum(self.low[rows], np.minimum.reduceat(
+            np.where(known, event_times, NO_PARTITIONS), heads))
+        self.high[rows] = np.maximum(self.high[rows], np.maximum.reduceat(
+            np.where(known, event_times, UNDEFINED), heads))
+        self.top[rows] = np.maximum(self.top[rows], np.maximum.reduceat(marks, heads))
+        return Computed(event_times, marks, _late(self.options, event_times, marks), None,
+                        None, None, None)
+
+    def placed(self, rows: np.ndarray, counts: np.ndarray
+               ) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """``RecordBlock.placed`` of a block holding ``counts[i]`` records of ``rows[i]``."""
+        return (self.topics, np.repeat(self.topic_index[rows], counts),
+                np.repeat(self.partition[rows], counts))
+
+    def settle(self) -> None:
+        """Each range's state into its ``RangeReader``, as ``_compute`` would have left it."""
+        max_ts = self.max_ts.tolist() if self.bounded else None
+        for row, (reader, n, low, high, top) in enumerate(zip(
+                self.readers, self.count.tolist(), self.low.tolist(), self.high.tolist(),
+                self.top.tolist())):
+            if max_ts is not None and max_ts[row] != UNDEFINED:
+                reader.generator.max_ts = max_ts[row]
+            if n:
+                found = high != UNDEFINED
+                reader._count(n, low if found else None, high if found else None, top)
 
 
 def _late(options: SourceOptions, event_times: np.ndarray, rows: np.ndarray

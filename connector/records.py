@@ -15,9 +15,9 @@ class RecordBlock:
     ``timestamps_ms`` is Kafka's record timestamp (-1 when the record has none);
     ``value_decoded``/``key_decoded`` are filled by the serde step when a format is set.
 
-    A block of several ranges (``reader.compute_ranges``: many small ranges read at once) has
-    ``parts``, ``(topic, partition, records)`` of each range in order; ``topic`` and
-    ``partition`` are then the first one's, and no per-record hook sees the block.
+    A block of several ranges (``reader.RangeColumns``: many small ranges read at once) has
+    ``placed``: its topics, and each record's index into them and partition; ``topic`` and
+    ``partition`` are then the first range's, and no per-record hook sees the block.
     """
 
     topic: str
@@ -32,7 +32,7 @@ class RecordBlock:
     value_decoded: pa.Array | None = None
     value_objects: list | None = None
     errors: list = field(default_factory=list)
-    parts: list[tuple[str, int, int]] | None = None
+    placed: tuple[list[str], np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.offsets)

@@ -210,29 +210,11 @@ def watermarks_before(generator: object, event_times: np.ndarray, block: RecordB
 
 
 def at_once(generator: object, assigner: object) -> bool:
-    """Whether ``watermarks_before_ranges`` serves this generator, fed by this assigner: the
-    built-in generators that need no record, on Kafka's record timestamps."""
+    """Whether many ranges' records may be computed together (``reader.RangeColumns``) with
+    this generator, fed by this assigner: the built-in generators that need no record, on
+    Kafka's record timestamps."""
     return type(assigner) is KafkaTimestampAssigner and type(generator) in (
         BoundedOutOfOrderness, NoWatermarks, TimeLag)
-
-
-def watermarks_before_ranges(generators: list, event_times: np.ndarray, counts: np.ndarray
-                             ) -> np.ndarray:
-    """``watermarks_before`` for several partitions' records at once: ``event_times`` holds
-    ``counts[i]`` records of ``generators[i]``'s partition, one partition after another.
-    Every generator advances as if fed its own records alone; for those ``at_once`` allows.
-    """
-    if type(generators[0]) is not BoundedOutOfOrderness:   # NoWatermarks, TimeLag: constant
-        return np.repeat(np.array([current_ms(g) for g in generators], dtype=np.int64),
-                         counts)
-    starts = np.array([UNDEFINED if g.max_ts is None else g.max_ts for g in generators],
-                      dtype=np.int64)
-    before, last = segmented_running_max(starts, event_times, counts)
-    for generator, top in zip(generators, last.tolist()):
-        if top != UNDEFINED:
-            generator.max_ts = top
-    bound = np.repeat(np.array([g.bound_ms + 1 for g in generators], dtype=np.int64), counts)
-    return np.where(before == UNDEFINED, UNDEFINED, before - bound)
 
 
 def segmented_running_max(starts: np.ndarray, values: np.ndarray, counts: np.ndarray

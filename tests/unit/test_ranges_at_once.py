@@ -15,7 +15,7 @@ import pytest
 from kwatermark import arrow
 from kwatermark.offsets import PartitionState, RangeTask
 from kwatermark.options import parse_options
-from kwatermark.reader import Decoders, RangeReader, compute_ranges
+from kwatermark.reader import Decoders, RangeColumns, RangeReader, compute_ranges
 from kwatermark.records import RecordBlock
 from kwatermark.watermarks import (
     NO_PARTITIONS,
@@ -95,6 +95,35 @@ def test_many_ranges_at_once_give_each_range_s_own_rows_and_state(ranges, strate
             assert got.late.tolist() == [v for e in expected for v in e.late.tolist()]
         assert [_state(r) for r in together] == [_state(r) for r in alone]
         assert [r._progress() for r in together] == [r._progress() for r in alone]
+
+
+@pytest.mark.parametrize("ranges", [1, 17, 300])
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s["watermark.strategy"])
+def test_a_task_s_ranges_as_columns_over_many_blocks_end_in_each_range_s_own_state(
+        ranges, strategy):
+    """The compiled engine keeps a task's ranges as columns from its first block to its
+    last (``RangeColumns``): each block holds some of the ranges, in any order (those with
+    records ready), and the states handed back at the end are each range's own, computed
+    alone block by block."""
+    rng = random.Random(f"columns-{ranges}-{strategy}")
+    options = _options(strategy, "flag")
+    layout = arrow.OutputLayout(flag_late=True)
+    tasks = [_task(p, strategy, rng) for p in range(ranges)]
+    alone = [RangeReader(options, layout, Decoders(), task) for task in tasks]
+    together = [RangeReader(options, layout, Decoders(), task) for task in tasks]
+    columns = RangeColumns(together)
+    for _ in range(6):
+        rows = rng.sample(range(ranges), rng.randrange(1, ranges + 1))
+        stamps = [[rng.choice([-1, rng.randrange(0, 90_000)]) for _ in range(rng.randrange(1, 5))]
+                  for _ in rows]
+        expected = [alone[row]._compute(_block("t", row, s)) for row, s in zip(rows, stamps)]
+        got = columns.compute(np.array(rows), _block("t", 0, [t for s in stamps for t in s]),
+                              np.array([len(s) for s in stamps]))
+        assert got.rows.tolist() == [v for e in expected for v in e.rows.tolist()]
+        assert got.late.tolist() == [v for e in expected for v in e.late.tolist()]
+    columns.settle()
+    assert [_state(r) for r in together] == [_state(r) for r in alone]
+    assert [r._progress() for r in together] == [r._progress() for r in alone]
 
 
 @pytest.mark.parametrize("segments", [0, 1, 5, 16, 17, 200])
