@@ -11,7 +11,10 @@ bench/bench_failover.py.
 * ``tests/support/failover_child.py`` runs the same kind of stream under the baseline
   interpreter (Spark's own ``format("kafka")``, tests/support/sparkkafka.py):
   :class:`ChildStream` starts it in a thread and reads its batches as they come.
-* The faults: :func:`rolling_restart`, :func:`kill_leader`, :func:`reassign`.
+* The faults: :func:`rolling_restart`, :func:`kill_leader`, :func:`reassign`,
+  :func:`elect_preferred`, :func:`move_leaders`.
+* :func:`write_acked`: records written at once, the ground truth of a test that plans its
+  own ranges.
 """
 
 from __future__ import annotations
@@ -344,6 +347,100 @@ def rolling_restart(cluster: KafkaCluster) -> list[tuple[int, float, float]]:
 def leader_of(cluster: KafkaCluster, topic: str, partition: int = 0) -> int:
     metadata = cluster.admin().list_topics(topic, timeout=10)
     return metadata.topics[topic].partitions[partition].leader
+
+
+def leaders(cluster: KafkaCluster, topic: str) -> dict[int, int]:
+    """Each partition's leader as the cluster's metadata says now (-1: none)."""
+    metadata = cluster.admin().list_topics(topic, timeout=10)
+    return {p: part.leader for p, part in metadata.topics[topic].partitions.items()}
+
+
+def wait_for_leaders(cluster: KafkaCluster, topic: str, without: int,
+                     timeout_s: float = 120.0) -> dict[int, int]:
+    """Until every partition of ``topic`` has a leader other than node ``without`` (killed:
+    the controller fences it once its session times out, ``broker.session.timeout.ms``,
+    9 s); the leaders then."""
+    deadline = time.monotonic() + timeout_s
+    found: dict[int, int] = {}
+    while time.monotonic() < deadline:
+        try:
+            found = leaders(cluster, topic)
+        except KafkaException:
+            found = {}
+        if found and all(leader not in (without, -1) for leader in found.values()):
+            return found
+        time.sleep(0.25)
+    raise AssertionError(f"partitions of {topic} still without a leader other than node "
+                         f"{without} after {timeout_s:g} s: {found}")
+
+
+def write_acked(bootstrap: str, topic: str, values: dict[int, list[str]]
+                ) -> list[tuple[int, int, str]]:
+    """Write each partition's ``values`` in order with an idempotent producer
+    (``acks=all``) and wait for every delivery report: (partition, offset, value) of each,
+    the ground truth of what a reader must return. A report with an error, or without an
+    offset, fails: the caller writes while the cluster's leaders stand still."""
+    acked: list[tuple[int, int, str]] = []
+    failed: list[str] = []
+
+    def delivered(error, message) -> None:
+        if error is not None:
+            failed.append(str(error))
+        else:
+            acked.append((message.partition(), message.offset(), message.value().decode()))
+
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                         "acks": "all", "linger.ms": 5, "log_level": 0})
+    for partition, items in values.items():
+        for value in items:
+            producer.produce(topic, value.encode(), partition=partition,
+                             on_delivery=delivered)
+            producer.poll(0)
+    left = producer.flush(120)
+    assert left == 0 and not failed, f"{left} records without a report; errors {failed[:5]}"
+    unknown = [a for a in acked if a[1] is None or a[1] < 0]
+    assert not unknown, f"delivery reports without an offset: {unknown[:5]}"
+    return acked
+
+
+def elect_preferred(cluster: KafkaCluster, topic: str, expected: dict[int, int] | None = None,
+                    timeout_s: float = 60.0) -> dict[int, int]:
+    """Move every partition's leadership back to its preferred replica (the election Kafka
+    runs itself every ``leader.imbalance.check.interval.seconds``, 5 minutes, once a node
+    that was down is back) and wait until the metadata shows ``expected`` leaders (by
+    default each partition's first replica); the leaders then."""
+    from confluent_kafka import ElectionType, TopicPartition
+
+    admin = cluster.admin()   # referenced until answered: a collected one fails with _DESTROY
+    if expected is None:
+        metadata = admin.list_topics(topic, timeout=10)
+        expected = {p: part.replicas[0] for p, part in metadata.topics[topic].partitions.items()}
+    partitions = [TopicPartition(topic, p) for p in expected]
+    deadline = time.monotonic() + timeout_s
+    found: dict[int, int] = {}
+    while time.monotonic() < deadline:
+        try:
+            admin.elect_leaders(ElectionType.PREFERRED, partitions).result(30)
+        except KafkaException:
+            pass   # ELECTION_NOT_NEEDED for those already there; the leaders say
+        found = leaders(cluster, topic)
+        if found == expected:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"preferred leaders of {topic} not elected in {timeout_s:g} s: "
+                         f"{found}, expected {expected}")
+
+
+def move_leaders(cluster: KafkaCluster, topic: str, target: dict[int, int]) -> None:
+    """Make node ``target[p]`` the leader of each partition ``p``, its replicas the same:
+    every partition's replicas reordered with the target first (a reassignment that copies
+    no data, through Reassign.java), then a preferred leader election."""
+    metadata = cluster.admin().list_topics(topic, timeout=10)
+    partitions = metadata.topics[topic].partitions
+    _run_reassign(cluster, topic, {p: [node] + [r for r in partitions[p].replicas if r != node]
+                                   for p, node in target.items()})
+    elect_preferred(cluster, topic, {**{p: part.leader for p, part in partitions.items()},
+                                     **target})
 
 
 def kill_leader(cluster: KafkaCluster, topic: str, down_s: float = 10.0) -> int:
