@@ -83,6 +83,14 @@ MANY_PREFETCH = 64
 # topics' metadata before it starts reading (_Client.learn_topics; ~45 ms at 4,096
 # partitions, librdkafka taking in every partition); a slower answer is not waited for.
 LEARN_TOPIC_S = 1.0
+# A parked consumer's partition leaders (which kw_start wakes, one seek a leader) are asked
+# again once this old: leadership moves while a consumer is parked (a preferred leader
+# election after a restart, a reassignment) and no paused partition says so; a node that
+# came to lead only partitions no seek reaches left every task waiting up to a second for
+# its broker thread (0.4-1.0 s against 7-22 ms, tests/integration/test_cluster_faults.py).
+# One metadata request a topic: ~20-45 ms at 4,096 partitions, every LEADERS_FRESH_S of a
+# steady stream. (A task's own lookups after a failure, list_topics, refresh them too.)
+LEADERS_FRESH_S = 10.0
 STOP_AFTER_S = 1.0
 
 try:
@@ -167,7 +175,8 @@ class _Client:
 
     def __init__(self, conf: dict, headers: bool, max_records: int, pool_key: tuple = ()):
         self.key = pool_key   # _Clients' key: the configuration it was made with
-        self.described: set[str] = set()   # topics whose metadata it has (learn_topics)
+        # topics whose metadata it has, and when it was asked (learn_topics)
+        self.described: dict[str, float] = {}
         names, values = [], []
         for key, value in conf.items():
             if isinstance(value, bool):
@@ -220,11 +229,21 @@ class _Client:
 
     def learn_topics(self, topics: Iterable[str]) -> None:
         """Learn ``topics`` before any of their partitions starts (``consumer.learn_topics``),
-        each once per consumer, one request a topic, by tasks of more than
-        ``MANY_PARTITIONS`` partitions. The answer also gives the extension each partition's
-        leader (``kw_start`` wakes each leader's fetching once)."""
-        self.described |= learn_topics(lambda topic: self.partition_count(topic, LEARN_TOPIC_S),
-                                       [topic for topic in topics if topic not in self.described])
+        one request a topic, by tasks of more than ``MANY_PARTITIONS`` partitions: once per
+        consumer, and again once what it learned is ``LEADERS_FRESH_S`` old. The answer also
+        gives the extension each partition's leader (``kw_start`` wakes each leader's
+        fetching once)."""
+        now = time.monotonic()
+        stale = [topic for topic in topics if topic not in self.described
+                 or now - self.described[topic] >= LEADERS_FRESH_S]
+        for topic in learn_topics(lambda topic: self.partition_count(topic, LEARN_TOPIC_S),
+                                  stale):
+            self.described[topic] = now
+
+    def leader(self, topic: str, partition: int) -> int:
+        """The leader of ``topic``'s ``partition`` as the consumer last learned it (-1:
+        unknown), which ``kw_start`` wakes."""
+        return lib.kw_leader(self.handle, topic.encode(), partition)
 
     def list_topics(self, topic: str, timeout: float) -> SimpleNamespace:
         """``topic``'s metadata, shaped as confluent-kafka's ``ClusterMetadata`` where

@@ -539,7 +539,8 @@ int kw_start(kw_reader *r, int park, char *err, size_t errlen) {
     r->msg_i = r->msg_n = 0;
     r->resumed = 0;
     rd_kafka_topic_partition_list_t *sought = rk.tpl_new(8);
-    int32_t woken[64];
+    /* the leaders woken so far: at most one a parked partition */
+    int32_t *woken = malloc((size_t)(parked->cnt ? parked->cnt : 1) * sizeof(int32_t));
     int nwoken = 0;
     for (int pass = 0; pass < 2 && !e; pass++) {
         for (int j = 0; j < parked->cnt; j++) {
@@ -548,7 +549,7 @@ int kw_start(kw_reader *r, int park, char *err, size_t errlen) {
             int64_t resumes = parked->elems[j].offset;
             int resumable = p->end <= l->position && l->position <= resumes;
             r->resumed += pass == 0 && resumable;
-            int seen = nwoken == 64;
+            int seen = 0;
             for (int w = 0; w < nwoken && !seen; w++)
                 seen = woken[w] == p->leader1;
             if (pass == 0 && !resumable) {   /* sought to its range */
@@ -579,6 +580,7 @@ int kw_start(kw_reader *r, int park, char *err, size_t errlen) {
             }
     }
     rk.tpl_destroy(sought);
+    free(woken);
     for (int j = 0; j < parked->cnt && !e; j++) {
         kw_lane *l = &r->lanes[lane[j]];
         kw_slot *p = park_of(r, l->topic, l->partition);
@@ -609,6 +611,13 @@ int kw_start(kw_reader *r, int park, char *err, size_t errlen) {
 }
 
 int kw_resumed(kw_reader *r) { return r->resumed; }
+
+int kw_leader(kw_reader *r, const char *topic, int32_t partition) {
+    for (int t = 0; t < r->ntopics; t++)
+        if (strcmp(r->topic_names[t], topic) == 0)
+            return partition < r->nparks[t] ? r->parks[t][partition].leader1 - 1 : -1;
+    return -1;
+}
 
 /* ---- column building ---- */
 static void *grow(void *p, int64_t *cap, int64_t need, size_t item) {
