@@ -282,6 +282,14 @@ class KWatermarkDataSource(DataSource):
 
 def _read(options: SourceOptions, layout: OutputLayout, decoders: Decoders, planner: BatchPlanner,
           partition: RangePartition | HeartbeatPartition) -> Iterator[pa.RecordBatch]:
+    """One Spark task's rows, then its progress records offered to the ledger. The cyclic
+    garbage collector is paused while it runs, as for the driver's calls (``_gc_paused``):
+    a task of 4,096 ranges makes some ten objects a range (its task, state, reader,
+    generator, lane, progress record...), and the 60-odd collections they triggered walked
+    them again and again, 23 of a 144 ms task in-process (bench/README.md, "A task's
+    garbage collections"). Reference counting frees them as before; PySpark's worker
+    collects after every task. The pause lasts while Spark sends each batch too (the task
+    is suspended at its ``yield``) and ends with the task, however it ends."""
     _freeze_imports()
     if isinstance(partition, HeartbeatPartition):
         yield heartbeat_batch(layout, partition.watermark_ms)
@@ -290,11 +298,19 @@ def _read(options: SourceOptions, layout: OutputLayout, decoders: Decoders, plan
         return  # Spark's stand-in when partitions() is empty (nothing to read): no rows
     if partition.publish:
         planner.ledger.require_shared(partition.ledger_mark)
-    pack = PackReader(options, layout, decoders, list(partition.tasks))
-    yield from pack
-    if partition.publish:
-        planner.ledger.offer_pack(partition.tasks, planner.fingerprint,
-                                  [record for _, record in pack.progress], partition.ledger_key)
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()   # _gc_paused, for a task of thousands of ranges (below)
+    try:
+        pack = PackReader(options, layout, decoders, list(partition.tasks))
+        yield from pack
+        if partition.publish:
+            planner.ledger.offer_pack(partition.tasks, planner.fingerprint,
+                                      [record for _, record in pack.progress],
+                                      partition.ledger_key)
+    finally:
+        if paused:
+            gc.enable()
 
 
 class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

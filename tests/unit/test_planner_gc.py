@@ -1,12 +1,14 @@
-"""The driver's calls run with Python's cyclic garbage collector paused
-(``source._gc_paused``, docs/operations.md): a planning at thousands of partitions made
-dozens of collections that walked every partition's state again. Paused only for the call:
-the application's collector is as it was after it, on success and on error."""
+"""The driver's calls and a Spark task's read run with Python's cyclic garbage collector
+paused (``source._gc_paused``, ``source._read``, docs/operations.md): a planning at thousands
+of partitions made dozens of collections that walked every partition's state again, and a
+task of thousands of ranges its ranges' objects. Paused only for the call or the task: the
+application's collector is as it was after it, on success and on error."""
 
 from __future__ import annotations
 
 import gc
 import json
+from typing import ClassVar
 
 import pytest
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -53,7 +55,7 @@ def collector():
 def test_planning_and_committing_run_with_the_collector_paused_and_resume_it(
         tmp_path, monkeypatch, collector):
     reader, broker = _reader(tmp_path)
-    seen: list = []
+    seen: ClassVar[list] = []
     planner = reader.planner
     for name in ("initial_offset", "latest_offset", "packed_tasks", "commit"):
         _watch(monkeypatch, planner, name, seen)
@@ -90,7 +92,7 @@ def test_a_call_that_fails_resumes_the_collector(tmp_path, monkeypatch, collecto
 
 def test_a_collector_the_application_paused_stays_paused(tmp_path, monkeypatch, collector):
     reader, broker = _reader(tmp_path)
-    seen: list = []
+    seen: ClassVar[list] = []
     _watch(monkeypatch, reader.planner, "latest_offset", seen)
     for tp in broker.tps:
         broker.ends[tp] = 2
@@ -99,3 +101,68 @@ def test_a_collector_the_application_paused_stays_paused(tmp_path, monkeypatch, 
     reader.latestOffset(start, ReadMaxRows(10))
     assert not gc.isenabled()
     assert seen == [("latest_offset", False)]
+
+
+class _Pack:
+    """A stand-in for PackReader (no broker: the pause is what is tested) that records
+    whether the collector runs while the task reads its ranges, and can fail mid-task."""
+
+    seen: ClassVar[list] = []
+    fail = False
+
+    def __init__(self, options, layout, decoders, tasks):
+        self.tasks = tasks
+        self.progress = []
+
+    def __iter__(self):
+        for i in range(3):
+            _Pack.seen.append(gc.isenabled())
+            if _Pack.fail and i == 1:
+                raise KWatermarkError("topic events, partition 0: the broker is down")
+            yield i
+
+
+def _task(tmp_path, monkeypatch):
+    reader, broker = _reader(tmp_path)
+    for tp in broker.tps:
+        broker.ends[tp] = 7
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(10))
+    partition, = [p for p in reader.partitions(start, end)]
+    monkeypatch.setattr(source, "PackReader", _Pack)
+    offered: list = []
+    monkeypatch.setattr(reader.planner.ledger, "offer_pack",
+                        lambda *args: offered.append(gc.isenabled()))
+    _Pack.seen, _Pack.fail = [], False
+    return reader, partition, offered
+
+
+def test_a_task_reads_with_the_collector_paused_and_resumes_it_however_it_ends(
+        tmp_path, monkeypatch, collector):
+    """A Spark task of thousands of ranges made dozens of collections that walked its
+    ranges' objects again: the collector is paused from the task's first range to its
+    progress records, between its batches too (while Spark sends them), and runs again
+    once the task ends, read to its end, stopped early by Spark, or failed."""
+    reader, partition, offered = _task(tmp_path, monkeypatch)
+    rows = reader.read(partition)
+    assert next(rows) == 0 and not gc.isenabled()   # suspended at a batch: still paused
+    assert list(rows) == [1, 2] and gc.isenabled()
+    assert _Pack.seen == [False, False, False] and offered == [False]
+
+    rows = reader.read(partition)
+    next(rows)
+    rows.close()                                     # Spark stops reading (a limit)
+    assert gc.isenabled() and offered == [False]
+
+    _Pack.seen, _Pack.fail = [], True
+    with pytest.raises(KWatermarkError, match="broker is down"):
+        list(reader.read(partition))
+    assert gc.isenabled() and _Pack.seen == [False, False]
+
+
+def test_a_task_leaves_a_collector_the_application_paused_paused(tmp_path, monkeypatch,
+                                                                collector):
+    reader, partition, offered = _task(tmp_path, monkeypatch)
+    gc.disable()
+    assert list(reader.read(partition)) == [0, 1, 2]
+    assert not gc.isenabled() and offered == [False]
