@@ -718,21 +718,29 @@ class BatchPlanner:
                         "progress records were not in watermark.stateLocation=%s (on a "
                         "cluster, set it to a location every executor can write)",
                         len(missing), len(tasks), self.options.state_location)
-        records: dict[TopicPartition, list[ProgressRecord]] = {}
+        # A partition's record, or its sub-ranges' records in offset order (minPartitions):
+        # one record alone is the common case, thousands of times per batch, and no list.
+        records: dict[TopicPartition, ProgressRecord | list[ProgressRecord]] = {}
         for task, record in zip(tasks, found):
-            records.setdefault(task.tp, []).append(record)
+            tp = (task.topic, task.partition)
+            before = records.get(tp)
+            if before is None:
+                records[tp] = record
+            elif type(before) is list:
+                before.append(record)
+            else:
+                records[tp] = [before, record]
         states = {}
         highest = UNDEFINED
         lowest = {}
         for tp, r in offset.partitions.items():
             done = records.get(tp)
-            if not done:
+            if done is None:
                 states[tp] = r.state
                 continue
-            if len(done) == 1:   # the common case, thousands of times per batch
-                only = done[0]
-                snapshot, first = only.generator, only.min_event_ms
-                last, row_mark = only.max_event_ms, only.max_row_watermark
+            if type(done) is not list:
+                snapshot, first = done.generator, done.min_event_ms
+                last, row_mark = done.max_event_ms, done.max_row_watermark
             else:
                 generator = restore_generator(self.options.watermark, r.state.generator)
                 for record in done:
