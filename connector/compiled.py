@@ -67,7 +67,8 @@ MAX_PARTITIONS = 1 << 16   # leaders read per topic (a topic has at most some th
 # partitions stops none of them as its ranges end (unless it still reads STOP_AFTER_S later:
 # then its finished partitions, which go on fetching past their ranges, would take the Fetch
 # answers' room from the others) and, at its end, pauses them all where they stand with the
-# records fetched past its ranges (kw_park); the worker keeps the consumer, and its next task
+# records it polled past its ranges (kw_park; what librdkafka had fetched and it had not
+# polled is fetched again: the pause outdates it); the worker keeps the consumer, its next task
 # resumes each partition whose range begins where the last ended (kw_start).
 MANY_PARTITIONS = 1024
 # A task of more than MANY_PARTITIONS partitions asks librdkafka to keep at least this many
@@ -284,7 +285,7 @@ class _Clients:
     removes it, ``give_back`` returns it reset (``kw_reset``: every partition stopped,
     nothing the last task fetched left to read) or, after a task of more than
     ``MANY_PARTITIONS`` partitions, parked (``kw_park``: every partition paused, what was
-    fetched past the task's ranges kept for the next). A task that fails, or that Spark
+    polled past the task's ranges kept for the next). A task that fails, or that Spark
     stops early, closes its consumer instead. At most ``CAPACITY`` are kept; a
     thread closes one unused for ``IDLE_S`` (its connections otherwise stay open, and it
     reports a broker gone in the meantime as errors, in a worker no task uses), and so does
