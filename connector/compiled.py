@@ -443,9 +443,11 @@ class CompiledReader:
         # to the last (RangeColumns, by row; a lane's row from its index), their states
         # handed back to their readers at the end.
         together = all(lane.reader.at_once for lane in lanes)
-        columns = RangeColumns([lane.reader for lane in lanes]) if together else None
-        row_of = np.empty(max(lane.index for lane in lanes) + 1, dtype=np.int64)
-        row_of[[lane.index for lane in lanes]] = np.arange(len(lanes))
+        columns = row_of = None
+        if together:
+            columns = RangeColumns([lane.reader for lane in lanes])
+            row_of = np.empty(max(lane.index for lane in lanes) + 1, dtype=np.int64)
+            row_of[[lane.index for lane in lanes]] = np.arange(len(lanes))
         faulty = [lane for lane in lanes if lane.fault is not None]
         size = self.options.records_per_batch(True)
         stall = Stall(self.options.poll_timeout_ms / 1000.0, time.monotonic())
@@ -507,7 +509,7 @@ class CompiledReader:
             columns.settle()
 
     def _take(self, handle, lanes: list[_Lane], columns: RangeColumns | None,
-              row_of: np.ndarray, size: int) -> Iterator[tuple[RecordBlock, Computed]]:
+              row_of: np.ndarray | None, size: int) -> Iterator[tuple[RecordBlock, Computed]]:
         """The records of ``lanes`` (each holding some), computed: one block a range, or,
         where every range allows it (``columns``), blocks of many ranges at once, of up to
         ``size`` records and ``MAX_BLOCK_BYTES`` (Arrow's 32-bit offsets)."""

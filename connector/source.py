@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import json
@@ -72,25 +73,33 @@ def _cause_first(method: Method) -> Method:
     return call  # type: ignore[return-value]
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for the block, however it ends. Paused, the
+    allocations are still counted: the collection they call for runs after the block, one
+    where dozens ran during it; reference counting frees objects as before. A collector
+    already paused (a call within a call, or by the application) is left so."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def _gc_paused(method: Method) -> Method:
-    """Run a driver call (planning, committing) with Python's cyclic garbage collector
-    paused. A planning at thousands of partitions makes and keeps tens of thousands of
-    objects (each partition's state, range and lag, in the offsets the planner keeps), and
-    every collection the allocations triggered walked them again: at 4,096 partitions a
-    third of ``latestOffset``'s time (bench/README.md, "Planning with the collector
-    paused"). Paused, the allocations are still counted: the collection they call for runs
-    after the call, one where dozens ran during it. Reference counting frees the planner's
-    objects as before. A collector already paused (a call within a call, or by the
-    application) is left so."""
+    """Run a driver call (planning, committing) with the collector paused
+    (``_collector_paused``). A planning at thousands of partitions makes and keeps tens of
+    thousands of objects (each partition's state, range and lag, in the offsets the planner
+    keeps), and every collection the allocations triggered walked them again: at 4,096
+    partitions a third of ``latestOffset``'s time (bench/README.md, "Planning with the
+    collector paused")."""
     @functools.wraps(method)
     def call(*args, **kwargs):
-        if not gc.isenabled():
+        with _collector_paused():
             return method(*args, **kwargs)
-        gc.disable()
-        try:
-            return method(*args, **kwargs)
-        finally:
-            gc.enable()
     return call  # type: ignore[return-value]
 
 
@@ -160,14 +169,8 @@ def _unpickled_partition(data: bytes) -> RangePartition:
     # With the collector paused, as the task that reads it (_read): its thousands of ranges
     # and states otherwise set off collections that walk them (8 of 17 ms at 4,096 ranges,
     # in-process); PySpark's worker collects after the task.
-    paused = gc.isenabled()
-    if paused:
-        gc.disable()
-    try:
+    with _collector_paused():
         values = pickle.loads(data)
-    finally:
-        if paused:
-            gc.enable()
     partition = RangePartition.__new__(RangePartition)
     partition.__dict__.update(values)
     return partition
@@ -297,9 +300,8 @@ def _read(options: SourceOptions, layout: OutputLayout, decoders: Decoders, plan
     garbage collector is paused while it runs, as for the driver's calls (``_gc_paused``):
     a task of 4,096 ranges makes some ten objects a range (its task, state, reader,
     generator, lane, progress record...), and the 60-odd collections they triggered walked
-    them again and again, 23 of a 144 ms task in-process (bench/README.md, "A task's
-    garbage collections"). Reference counting frees them as before; PySpark's worker
-    collects after every task. The pause lasts while Spark sends each batch too (the task
+    them again and again, 23 of a 144 ms task in-process (bench/README.md, "A task's own
+    work at 4,096 partitions"). PySpark's worker collects after every task. The pause lasts while Spark sends each batch too (the task
     is suspended at its ``yield``) and ends with the task, however it ends."""
     _freeze_imports()
     if isinstance(partition, HeartbeatPartition):
@@ -309,19 +311,13 @@ def _read(options: SourceOptions, layout: OutputLayout, decoders: Decoders, plan
         return  # Spark's stand-in when partitions() is empty (nothing to read): no rows
     if partition.publish:
         planner.ledger.require_shared(partition.ledger_mark)
-    paused = gc.isenabled()
-    if paused:
-        gc.disable()   # _gc_paused, for a task of thousands of ranges (below)
-    try:
+    with _collector_paused():
         pack = PackReader(options, layout, decoders, list(partition.tasks))
         yield from pack
         if partition.publish:
             planner.ledger.offer_pack(partition.tasks, planner.fingerprint,
                                       [record for _, record in pack.progress],
                                       partition.ledger_key)
-    finally:
-        if paused:
-            gc.enable()
 
 
 class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -636,7 +636,8 @@ int kw_resumed(kw_reader *r) { return r->resumed; }
 int kw_leader(kw_reader *r, const char *topic, int32_t partition) {
     for (int t = 0; t < r->ntopics; t++)
         if (strcmp(r->topic_names[t], topic) == 0)
-            return partition < r->nparks[t] ? r->parks[t][partition].leader1 - 1 : -1;
+            return partition >= 0 && partition < r->nparks[t]
+                       ? r->parks[t][partition].leader1 - 1 : -1;
     return -1;
 }
 
