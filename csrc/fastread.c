@@ -213,6 +213,7 @@ typedef struct kw_slot {
     uint32_t gen;                /* the reader's gen when `lane` was set: this task's */
     int lane;                    /* its first lane in the task (lane_of) */
     rd_kafka_message_t **carry;  /* polled past `end`, in offset order: the next range's */
+    int asleep;                  /* kept paused through this task: its carry holds its ranges */
     rd_kafka_queue_t *own;       /* its fetch queue, led away from the reader's while parked */
 } kw_slot;
 
@@ -230,6 +231,7 @@ struct kw_reader {
     int32_t *nparks;
     int parking;                 /* this task's partitions are parked at its end (kw_park) */
     int resumed;                 /* partitions the last kw_start resumed where they stood */
+    int slept;                   /* of those, kept paused: their carry held their ranges */
     int nlanes;
     int lane_cap;
     kw_lane *lanes;
@@ -526,6 +528,7 @@ int kw_start(kw_reader *r, int park, char *err, size_t errlen) {
         if (i > 0 && same_partition(&r->lanes[i - 1], l))
             continue;
         kw_slot *p = park_of(r, l->topic, l->partition);
+        p->asleep = 0;
         if (p->state == KW_PARKED) {
             lane[parked->cnt] = i;
             rk.tpl_add(parked, r->topic_names[l->topic], l->partition);
@@ -541,13 +544,31 @@ int kw_start(kw_reader *r, int park, char *err, size_t errlen) {
             if (parked->elems[j].offset < 0)
                 parked->elems[j].offset = park_of(r, r->lanes[lane[j]].topic,
                                                   r->lanes[lane[j]].partition)->from;
-        if (rk.resume_partitions(r->rk, parked) != 0) {
+        /* One that goes on where it stood and whose carry runs past its ranges reads them
+         * from it and stays paused: no resume, no fetch, no pause at the task's end. At
+         * 4,096 partitions of a stream whose ranges are a few records, most partitions
+         * carry several tasks' records; resumed, each fetched again what it already held
+         * (librdkafka's queue is outdated by the next pause), and a partition resumed among
+         * thousands waited for its Fetch behind theirs. */
+        rd_kafka_topic_partition_list_t *resume = rk.tpl_new(parked->cnt);
+        for (int j = 0; j < parked->cnt; j++) {
+            kw_lane *l = &r->lanes[lane[j]];
+            kw_slot *p = park_of(r, l->topic, l->partition);
+            int resumable = p->end <= l->position && l->position <= parked->elems[j].offset;
+            p->asleep = resumable && p->n > 0 &&
+                        p->carry[p->n - 1]->offset >= partition_end(r, lane[j]);
+            if (!p->asleep)
+                rk.tpl_add(resume, parked->elems[j].topic, parked->elems[j].partition);
+        }
+        if (resume->cnt && rk.resume_partitions(r->rk, resume) != 0) {
             snprintf(err, errlen, "cannot resume the partitions its last task read");
             e = -1;
         }
+        rk.tpl_destroy(resume);
     }
     r->msg_i = r->msg_n = 0;
     r->resumed = 0;
+    r->slept = 0;
     rd_kafka_topic_partition_list_t *sought = rk.tpl_new(8);
     /* the leaders woken so far: at most one a parked partition */
     int32_t *woken = malloc((size_t)(parked->cnt ? parked->cnt : 1) * sizeof(int32_t));
@@ -559,6 +580,9 @@ int kw_start(kw_reader *r, int park, char *err, size_t errlen) {
             int64_t resumes = parked->elems[j].offset;
             int resumable = p->end <= l->position && l->position <= resumes;
             r->resumed += pass == 0 && resumable;
+            r->slept += pass == 0 && p->asleep;
+            if (p->asleep)
+                continue;   /* paused: nothing to seek, no leader to wake for it */
             int seen = 0;
             for (int w = 0; w < nwoken && !seen; w++)
                 seen = woken[w] == p->leader1;
@@ -605,8 +629,10 @@ int kw_start(kw_reader *r, int park, char *err, size_t errlen) {
         p->n -= taken;
         if (taken && p->n)
             memmove(p->carry, p->carry + taken, (size_t)p->n * sizeof(*p->carry));
-        drain_own(r, p, 1);
-        rk.queue_forward(p->own, r->queue);
+        if (!p->asleep) {
+            drain_own(r, p, 1);
+            rk.queue_forward(p->own, r->queue);
+        }
     }
     free(lane);
     rk.tpl_destroy(parked);
@@ -632,6 +658,7 @@ int kw_start(kw_reader *r, int park, char *err, size_t errlen) {
 }
 
 int kw_resumed(kw_reader *r) { return r->resumed; }
+int kw_slept(kw_reader *r) { return r->slept; }
 
 int kw_leader(kw_reader *r, const char *topic, int32_t partition) {
     for (int t = 0; t < r->ntopics; t++)
@@ -840,17 +867,34 @@ int kw_event_err(kw_reader *r) { return r->event_err; }
 int64_t kw_event_offset(kw_reader *r) { return r->event_offset; }
 const char *kw_event_text(kw_reader *r) { return r->event_text; }
 
+/* Whether a lane's partition was kept paused through the task (kw_start): it fetches
+ * nothing, so a finished one needs no stopping. */
+static int asleep(kw_reader *r, int lane) {
+    kw_lane *l = &r->lanes[lane];
+    return park_of(r, l->topic, l->partition)->asleep;
+}
+
 /* Stop fetching a partition whose ranges are all done (the pack pauses it). */
 void kw_stop_lane(kw_reader *r, int lane) {
     while (lane > 0 && same_partition(&r->lanes[lane - 1], &r->lanes[lane]))
         lane--; /* the partition's first lane keeps the flag */
     kw_lane *l = &r->lanes[lane];
     if (r->started && !l->stopped) {
+        if (asleep(r, lane)) {
+            /* still paused: librdkafka keeps a partition's pause through a stop and a
+             * start, so one started again would fetch nothing (its barrier is taken from
+             * its own queue when it is led back, lead_back) */
+            rd_kafka_topic_partition_list_t *one = rk.tpl_new(1);
+            rk.tpl_add(one, r->topic_names[l->topic], l->partition);
+            rk.resume_partitions(r->rk, one);
+            rk.tpl_destroy(one);
+        }
         rk.consume_stop(r->topics[l->topic], l->partition);
         l->stopped = 1;
         kw_slot *p = park_of(r, l->topic, l->partition);
         park_drop(p);
         p->state = KW_IDLE;
+        p->asleep = 0;
     }
 }
 
@@ -866,6 +910,7 @@ int kw_restart_lane(kw_reader *r, int lane, int64_t offset) {
     kw_slot *p = park_of(r, l->topic, l->partition);
     park_drop(p);
     p->state = KW_READING;
+    p->asleep = 0;
     p->from = offset;
     lead_back(r, p);
     if (rk.consume_start_queue(r->topics[l->topic], l->partition, offset, r->queue) == -1) {
@@ -1047,7 +1092,7 @@ int kw_settle(kw_reader *r, int32_t *lanes, int n, int64_t *remaining, int stop)
                     open = 1;
                     break;
                 }
-            if (!open && stop)
+            if (!open && stop && !asleep(r, lanes[i]))
                 kw_stop_lane(r, lanes[i]);
         }
     }
@@ -1086,7 +1131,7 @@ void kw_stop_done(kw_reader *r) {
         for (int j = i; j < r->nlanes && same_partition(&r->lanes[j], &r->lanes[i]); j++)
             if (r->lanes[j].position < r->lanes[j].end)
                 open = 1;
-        if (!open)
+        if (!open && !asleep(r, i))
             kw_stop_lane(r, i);
     }
 }
@@ -1154,6 +1199,10 @@ int kw_park(kw_reader *r) {
         if ((i > 0 && same_partition(&r->lanes[i - 1], l)) || p->state != KW_READING)
             continue;
         p->state = KW_PARKED;
+        if (p->asleep) {   /* never resumed: still paused, its queue still led away */
+            p->asleep = 0;
+            continue;
+        }
         if (!p->own)
             p->own = rk.queue_get_partition(r->rk, r->topic_names[l->topic], l->partition);
         if (!p->own) {   /* not known any more: stopped, started again if read again */

@@ -77,6 +77,7 @@ kw_lane *kw_lane_at(kw_reader *r, int i);
 int kw_start(kw_reader *r, int park, char *err, size_t errlen);
 /* How many partitions the last kw_start resumed where its last task left them (kw_park). */
 int kw_resumed(kw_reader *r);
+int kw_slept(kw_reader *r);
 /* `topic`'s `partition`'s leader as the reader's last kw_metadata of the topic said (the one
  * kw_start wakes), or -1: not asked, or no leader then. */
 int kw_leader(kw_reader *r, const char *topic, int32_t partition);

@@ -92,7 +92,8 @@ def test_a_task_of_many_partitions_parks_them_for_the_next(broker, monkeypatch):
     (resumed; one a task also sought, to wake the broker's fetching), a range behind and
     one ahead of where the partition stood (sought), a partition parked through a task that
     did not read it, a partition whose log runs far past its short range (more fetched past
-    it than it may keep: sought next time), records appended after a range that ended at
+    it than it may keep: sought next time), one whose carry holds its whole next range (it
+    stays paused through the task: nothing fetched again, no pause at the end), records appended after a range that ended at
     the log's end, and a task that runs longer than STOP_AFTER_S (its finished partitions
     stopped as they finish, then started again by the next task: none resumes there, and
     each is read, though its fetch queue was led away while it was parked). A task that
@@ -129,7 +130,8 @@ def test_a_task_of_many_partitions_parks_them_for_the_next(broker, monkeypatch):
         assert got == [(p, i, f"{p}-{i}".encode()) for p, a, b in sorted(spans)
                        for i in range(a, b)]
         (client, _), = compiled._clients.kept.values()
-        return client, compiled.lib.kw_resumed(client.handle)
+        return client, (compiled.lib.kw_resumed(client.handle),
+                        compiled.lib.kw_slept(client.handle))
 
     log_to(0, 3_000)   # partition 0's log runs on 1,800 records past its first range
     log_to(1, 900)     # partition 1's, 897 past its first range of 3: more than it keeps
@@ -137,22 +139,29 @@ def test_a_task_of_many_partitions_parks_them_for_the_next(broker, monkeypatch):
     # consumer configuration, as a steady stream's micro-batches ask)
     monkeypatch.setattr(compiled, "STOP_AFTER_S", 60)
     first, _ = read([(0, 0, 1_200)] + [(p, 0, 3) for p in range(1, 6)])
-    steps = [   # a task's ranges, how many of its partitions resume, STOP_AFTER_S
-        # every range goes on where the last ended; partition 1 kept too little
-        ([(0, 1_200, 2_400)] + [(p, 3, 40) for p in range(1, 6)], 5, 60),
+    # a task's ranges; how many of its partitions go on where they stood (resumed, or kept
+    # paused because what they carry holds their ranges) and how many of those stay paused;
+    # STOP_AFTER_S
+    steps = [
+        # every range goes on where the last ended; partition 1 kept too little; partition
+        # 0 carries its whole range (its log runs on past it): it stays paused
+        ([(0, 1_200, 2_400)] + [(p, 3, 40) for p in range(1, 6)], (5, 1), 60),
         # partition 0 behind where it stood, 1 ahead of it: sought
-        ([(0, 100, 1_300), (1, 2_000, 2_010)] + [(p, 40, 45) for p in range(2, 6)], 4, 60),
+        ([(0, 100, 1_300), (1, 2_000, 2_010)] + [(p, 40, 45) for p in range(2, 6)],
+         (4, 0), 60),
         # partition 0 not read: it stays parked
-        ([(1, 2_010, 2_020)] + [(p, 45, 1_245) for p in range(2, 6)], 5, 60),
-        # partition 0 again where it stood, 5 to the log's end; all stopped as they finish
+        ([(1, 2_010, 2_020)] + [(p, 45, 1_245) for p in range(2, 6)], (5, 0), 60),
+        # partition 0 again where it stood, from its carry (paused); 5 to the log's end;
+        # all the others stopped as they finish (partition 0 fetches nothing to stop)
         ([(0, 1_300, 2_500), (1, 2_020, 2_030)] + [(p, 1_245, 1_250) for p in (2, 3, 4)]
-         + [(5, 1_245, 3_000)], 6, 0),
-        # so started again; records appended to partition 5 after it ended at the log's end
+         + [(5, 1_245, 3_000)], (6, 1), 0),
+        # so started again but partition 0, still paused; records appended to partition 5
+        # after it ended at the log's end
         ([(0, 2_500, 2_510)] + [(p, 1_250, 1_260) for p in (2, 3, 4)]
-         + [(1, 2_030, 2_040), (5, 3_000, 4_200)], 0, 60),
+         + [(1, 2_030, 2_040), (5, 3_000, 4_200)], (1, 1), 60),
         # partition 0's short range left 490 records of its log past it: too many to keep
         ([(0, 2_510, 2_520)] + [(p, 1_260, 1_270) for p in (2, 3, 4)]
-         + [(1, 2_040, 2_050), (5, 4_200, 5_400)], 5, 60),
+         + [(1, 2_040, 2_050), (5, 4_200, 5_400)], (5, 0), 60),
     ]
     for spans, resumed, stop_after_s in steps:
         monkeypatch.setattr(compiled, "STOP_AFTER_S", stop_after_s)
@@ -160,13 +169,31 @@ def test_a_task_of_many_partitions_parks_them_for_the_next(broker, monkeypatch):
         assert client is first and client.handle != compiled.ffi.NULL
         assert resumed_now == resumed, spans
 
+    # A task that is not parked (MANY_PARTITIONS above its partitions) on the same consumer:
+    # partition 3 reads from what it carries, paused; the task's end stops every partition,
+    # that one too, and the next task starts each again where its range begins (librdkafka
+    # keeps a pause through a stop and a start: left paused, partition 3 would read nothing
+    # and the task stall). Partition 2's log stays at 1,270 (the failing task below).
+    log_to(3, 1_300)   # 20 records past its next range: it keeps them
+    client, resumed_now = read([(0, 2_520, 2_540), (1, 2_050, 2_060), (2, 1_260, 1_270)]
+                               + [(p, 1_270, 1_280) for p in (3, 4)] + [(5, 5_400, 6_600)])
+    assert client is first and resumed_now == (4, 0)
+    monkeypatch.setattr(compiled, "MANY_PARTITIONS", 10)
+    client, resumed_now = read([(0, 2_540, 2_550), (1, 2_060, 2_070), (2, 1_260, 1_270)]
+                               + [(p, 1_280, 1_290) for p in (3, 4)] + [(5, 6_600, 7_800)])
+    assert client is first and resumed_now == (4, 1)
+    monkeypatch.setattr(compiled, "MANY_PARTITIONS", 4)
+    client, resumed_now = read([(0, 2_550, 2_560), (1, 2_070, 2_080), (2, 1_260, 1_270)]
+                               + [(p, 1_290, 1_300) for p in (3, 4)] + [(5, 7_800, 9_000)])
+    assert client is first and resumed_now == (0, 0)
+
     with pytest.raises(KWatermarkError, match=f"topic {topic}, partition 2"):
-        read([(0, 2_520, 2_530), (1, 2_040, 2_050), (3, 1_260, 1_270), (4, 1_260, 1_270),
+        read([(0, 2_560, 2_570), (1, 2_070, 2_080), (3, 1_290, 1_300), (4, 1_290, 1_300),
               (2, 1_270, 2_470)], grow=False)   # partition 2's log ends at 1,270
     assert not compiled._clients.kept and first.handle == compiled.ffi.NULL
     again, resumed_now = read([(0, 1_500, 2_700), (1, 2_040, 2_050)]
                               + [(p, 1_260, 1_270) for p in (2, 3, 4)], grow=False)
-    assert again is not first and resumed_now == 0
+    assert again is not first and resumed_now == (0, 0)
 
 
 def _six_partitions(broker, records: int, engine: str):
