@@ -60,7 +60,9 @@ ATTEMPT_S = 5.0
 # 4,096 partitions 15.2 ms wall and 9.7 ms of process CPU against 18.0 and 13.7; 2,048
 # 6.9/4.7 against 8.9/7.0; 512 1.8/1.1 against 2.3/1.7. Calls of 128 took a little less
 # CPU still (8.1 ms at 4,096) and the same wall on loopback, with twice the round trips a
-# broker across a network makes each pay.
+# broker across a network makes each pay. The compiled engine's client makes up to four
+# calls at once (kw_offsets): asked after a pause, as a planning asks, sixteen calls one
+# after the other took 40-46 ms, four at once 27-31 (2026-12-02).
 OFFSETS_CHUNK = 256
 
 

@@ -57,10 +57,11 @@ const char *kw_version(void);
 kw_reader *kw_open(const char **names, const char **values, int nconf, int headers,
                    int64_t max_records, int64_t max_bytes, char *err, size_t errlen);
 /* rd_kafka_offsets_for_times over n partitions in calls of at most `chunk` (all when <= 0),
- * one after the other within timeout_ms in all: librdkafka's handling of one ListOffsets
- * grows faster than its partitions. One call from Python: the GIL is released throughout.
- * Each offset is replaced by its answer, each error set; a call that fails returns its
- * error at once (the partitions after it keep what they were asked with). */
+ * on up to four threads at once, within timeout_ms in all: librdkafka's handling of one
+ * ListOffsets grows faster than its partitions. One call from Python: the GIL is released
+ * throughout. Each offset is replaced by its answer, each error set; a call that fails
+ * returns its error (the first, in partition order, where several fail; a failed call's
+ * partitions, and those of calls not made after it, keep what they were asked with). */
 int kw_offsets(kw_reader *r, const char **topics, const int32_t *partitions,
                int64_t *offsets, int32_t *errors, int n, int chunk, int timeout_ms);
 /* Ask the brokers for `topic`'s metadata (this also refreshes librdkafka's cached leaders and
