@@ -64,9 +64,11 @@ MAX_PARTITIONS = 1 << 16   # leaders read per topic (a topic has at most some th
 # librdkafka pays for each partition started, and again for each stopped, a pass over every
 # partition the consumer knows (bench/README.md, "What librdkafka does per partition at
 # 4,096"): ~20 µs a stop at 512, 45-60 µs at 4,096. A task of more than MANY_PARTITIONS
-# partitions stops none of them as its ranges end (unless it still reads STOP_AFTER_S later:
-# then its finished partitions, which go on fetching past their ranges, would take the Fetch
-# answers' room from the others) and, at its end, pauses them all where they stand with the
+# partitions stops none of them as its ranges end (if it still reads STOP_AFTER_S later, it
+# pauses its finished partitions, which would go on fetching past their ranges and take the
+# Fetch answers' room from the others; stopped, the next task had to start them again, and
+# at 4,096 partitions that took it past STOP_AFTER_S too) and, at its end, pauses the rest
+# where they stand with the
 # records it polled past its ranges (kw_park; what librdkafka had fetched and it had not
 # polled is fetched again: the pause outdates it); the worker keeps the consumer, its next task
 # resumes each partition whose range begins where the last ended (kw_start).

@@ -930,6 +930,40 @@ static int asleep(kw_reader *r, int lane) {
     return park_of(r, l->topic, l->partition)->asleep;
 }
 
+/* A parking task's partition whose ranges are done, paused now (after STOP_AFTER_S) as
+ * kw_park pauses the others at the task's end, its fetch queue led away first (its barrier
+ * stays there, drain_own): it fetches no more and stays parked for the next task, which
+ * kw_park leaves as it is. Stopped instead, it was started again by the next task (a
+ * pass of librdkafka's over every partition it knows, each): at 4,096 partitions such a
+ * task took more than STOP_AFTER_S itself, and so did the next, task after task. */
+static void pause_done(kw_reader *r, int lane) {
+    while (lane > 0 && same_partition(&r->lanes[lane - 1], &r->lanes[lane]))
+        lane--;
+    kw_lane *l = &r->lanes[lane];
+    kw_slot *p = park_of(r, l->topic, l->partition);
+    if (!r->started || l->stopped || p->asleep || p->state != KW_READING)
+        return;
+    if (!p->own)
+        p->own = rk.queue_get_partition(r->rk, r->topic_names[l->topic], l->partition);
+    if (!p->own)
+        return;   /* not known any more: kw_park stops it */
+    rk.queue_forward(p->own, NULL);
+    rd_kafka_topic_partition_list_t *one = rk.tpl_new(1);
+    rk.tpl_add(one, r->topic_names[l->topic], l->partition);
+    rk.pause_partitions(r->rk, one);
+    rk.tpl_destroy(one);
+    p->asleep = 1;
+}
+
+/* A finished partition of a long task: paused where the task parks (pause_done), else
+ * stopped. */
+static void finish_lane(kw_reader *r, int lane) {
+    if (r->parking)
+        pause_done(r, lane);
+    else
+        kw_stop_lane(r, lane);
+}
+
 /* Stop fetching a partition whose ranges are all done (the pack pauses it). */
 void kw_stop_lane(kw_reader *r, int lane) {
     while (lane > 0 && same_partition(&r->lanes[lane - 1], &r->lanes[lane]))
@@ -1149,7 +1183,7 @@ int kw_settle(kw_reader *r, int32_t *lanes, int n, int64_t *remaining, int stop)
                     break;
                 }
             if (!open && stop && !asleep(r, lanes[i]))
-                kw_stop_lane(r, lanes[i]);
+                finish_lane(r, lanes[i]);
         }
     }
     *remaining = left;
@@ -1188,7 +1222,7 @@ void kw_stop_done(kw_reader *r) {
             if (r->lanes[j].position < r->lanes[j].end)
                 open = 1;
         if (!open && !asleep(r, i))
-            kw_stop_lane(r, i);
+            finish_lane(r, i);
     }
 }
 

@@ -106,10 +106,12 @@ int kw_take_lanes(kw_reader *r, const int32_t *lanes, int n, kw_lane *out, int64
 int kw_ready(kw_reader *r, const int32_t *lanes, int n, int64_t size, int full_lane,
              int32_t *ready);
 /* Keep the listed lanes not done at the front of `lanes` (in order), returning their count;
- * if `stop`, stop each partition none of whose listed lanes is open any more (kw_stop_lane);
+ * if `stop`, stop each partition none of whose listed lanes is open any more (kw_stop_lane;
+ * a task that parks pauses it instead, and it stays parked);
  * *remaining = the offsets the open lanes have left to read. */
 int kw_settle(kw_reader *r, int32_t *lanes, int n, int64_t *remaining, int stop);
-/* Stop every partition none of whose lanes is open (those kw_settle left fetching). */
+/* Stop every partition none of whose lanes is open (those kw_settle left fetching); a task
+ * that parks pauses them instead. */
 void kw_stop_done(kw_reader *r);
 /* After a poll that came back short: each listed lane to its partition's position, which
  * librdkafka moves past transaction markers and filtered records, never backwards and never

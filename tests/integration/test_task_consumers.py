@@ -96,8 +96,7 @@ def test_a_task_of_many_partitions_parks_them_for_the_next(broker, monkeypatch):
     its whole next range (it stays paused through the task: nothing fetched again, no pause
     at the end), records appended after a range that ended at
     the log's end, and a task that runs longer than STOP_AFTER_S (its finished partitions
-    stopped as they finish, then started again by the next task: none resumes there, and
-    each is read, though its fetch queue was led away while it was parked). A task that
+    paused as they finish, so parked for the next task, which resumes them). A task that
     fails closes its consumer; the next makes a new one."""
     monkeypatch.setattr(compiled, "_clients", compiled._Clients())
     monkeypatch.setattr(compiled, "MANY_PARTITIONS", 4)
@@ -154,13 +153,13 @@ def test_a_task_of_many_partitions_parks_them_for_the_next(broker, monkeypatch):
         # partition 0 not read: it stays parked
         ([(1, 2_010, 2_020)] + [(p, 45, 1_245) for p in range(2, 6)], (5, 0), 60),
         # partition 0 again where it stood, from its carry (paused); 5 to the log's end;
-        # all the others stopped as they finish (partition 0 fetches nothing to stop)
+        # the others paused as they finish, past STOP_AFTER_S (not stopped: they stay parked)
         ([(0, 1_300, 2_500), (1, 2_020, 2_030)] + [(p, 1_245, 1_250) for p in (2, 3, 4)]
          + [(5, 1_245, 3_000)], (6, 1), 0),
-        # so started again but partition 0, still paused; records appended to partition 5
-        # after it ended at the log's end
+        # so every one resumes; records appended to partition 5 after it ended at the log's
+        # end
         ([(0, 2_500, 2_510)] + [(p, 1_250, 1_260) for p in (2, 3, 4)]
-         + [(1, 2_030, 2_040), (5, 3_000, 4_200)], (1, 1), 60),
+         + [(1, 2_030, 2_040), (5, 3_000, 4_200)], (6, 1), 60),
         # partition 0's short range left 490 records of its log past it: it keeps the first
         # 64, which hold its next range, so it stays paused
         ([(0, 2_510, 2_520)] + [(p, 1_260, 1_270) for p in (2, 3, 4)]
