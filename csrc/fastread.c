@@ -923,11 +923,25 @@ int kw_event_err(kw_reader *r) { return r->event_err; }
 int64_t kw_event_offset(kw_reader *r) { return r->event_offset; }
 const char *kw_event_text(kw_reader *r) { return r->event_text; }
 
-/* Whether a lane's partition was kept paused through the task (kw_start): it fetches
- * nothing, so a finished one needs no stopping. */
+/* Whether a lane's partition was kept paused through the task (kw_start) or paused since its
+ * ranges ended (pause_done): it fetches nothing, so a finished one needs no stopping. */
 static int asleep(kw_reader *r, int lane) {
     kw_lane *l = &r->lanes[lane];
     return park_of(r, l->topic, l->partition)->asleep;
+}
+
+/* A paused partition about to be stopped (or started again): resumed first, since
+ * librdkafka keeps a partition's pause through a stop and a start, so one started again
+ * would fetch nothing (the resume's barrier is taken from its own queue when it is led
+ * back, lead_back). */
+static void wake(kw_reader *r, kw_lane *l, kw_slot *p) {
+    if (!p->asleep)
+        return;
+    rd_kafka_topic_partition_list_t *one = rk.tpl_new(1);
+    rk.tpl_add(one, r->topic_names[l->topic], l->partition);
+    rk.resume_partitions(r->rk, one);
+    rk.tpl_destroy(one);
+    p->asleep = 0;
 }
 
 /* A parking task's partition whose ranges are done, paused now (after STOP_AFTER_S) as
@@ -970,21 +984,12 @@ void kw_stop_lane(kw_reader *r, int lane) {
         lane--; /* the partition's first lane keeps the flag */
     kw_lane *l = &r->lanes[lane];
     if (r->started && !l->stopped) {
-        if (asleep(r, lane)) {
-            /* still paused: librdkafka keeps a partition's pause through a stop and a
-             * start, so one started again would fetch nothing (its barrier is taken from
-             * its own queue when it is led back, lead_back) */
-            rd_kafka_topic_partition_list_t *one = rk.tpl_new(1);
-            rk.tpl_add(one, r->topic_names[l->topic], l->partition);
-            rk.resume_partitions(r->rk, one);
-            rk.tpl_destroy(one);
-        }
+        kw_slot *p = park_of(r, l->topic, l->partition);
+        wake(r, l, p);
         rk.consume_stop(r->topics[l->topic], l->partition);
         l->stopped = 1;
-        kw_slot *p = park_of(r, l->topic, l->partition);
         park_drop(p);
         p->state = KW_IDLE;
-        p->asleep = 0;
     }
 }
 
@@ -994,13 +999,13 @@ int kw_restart_lane(kw_reader *r, int lane, int64_t offset) {
     while (lane > 0 && same_partition(&r->lanes[lane - 1], &r->lanes[lane]))
         lane--; /* the partition's first lane keeps the flag */
     kw_lane *l = &r->lanes[lane];
+    kw_slot *p = park_of(r, l->topic, l->partition);
+    wake(r, l, p);
     if (r->started && !l->stopped)
         rk.consume_stop(r->topics[l->topic], l->partition);
     l->stopped = 0;
-    kw_slot *p = park_of(r, l->topic, l->partition);
     park_drop(p);
     p->state = KW_READING;
-    p->asleep = 0;
     p->from = offset;
     lead_back(r, p);
     if (rk.consume_start_queue(r->topics[l->topic], l->partition, offset, r->queue) == -1) {
@@ -1289,7 +1294,7 @@ int kw_park(kw_reader *r) {
         if ((i > 0 && same_partition(&r->lanes[i - 1], l)) || p->state != KW_READING)
             continue;
         p->state = KW_PARKED;
-        if (p->asleep) {   /* never resumed: still paused, its queue still led away */
+        if (p->asleep) {   /* paused already (kw_start, pause_done), its queue led away */
             p->asleep = 0;
             continue;
         }
