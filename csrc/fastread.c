@@ -934,13 +934,20 @@ static int asleep(kw_reader *r, int lane) {
  * librdkafka keeps a partition's pause through a stop and a start, so one started again
  * would fetch nothing (the resume's barrier is taken from its own queue when it is led
  * back, lead_back). */
+static void pause_one(kw_reader *r, kw_lane *l, int pause) {
+    rd_kafka_topic_partition_list_t *one = rk.tpl_new(1);
+    rk.tpl_add(one, r->topic_names[l->topic], l->partition);
+    if (pause)
+        rk.pause_partitions(r->rk, one);
+    else
+        rk.resume_partitions(r->rk, one);
+    rk.tpl_destroy(one);
+}
+
 static void wake(kw_reader *r, kw_lane *l, kw_slot *p) {
     if (!p->asleep)
         return;
-    rd_kafka_topic_partition_list_t *one = rk.tpl_new(1);
-    rk.tpl_add(one, r->topic_names[l->topic], l->partition);
-    rk.resume_partitions(r->rk, one);
-    rk.tpl_destroy(one);
+    pause_one(r, l, 0);
     p->asleep = 0;
 }
 
@@ -962,10 +969,7 @@ static void pause_done(kw_reader *r, int lane) {
     if (!p->own)
         return;   /* not known any more: kw_park stops it */
     rk.queue_forward(p->own, NULL);
-    rd_kafka_topic_partition_list_t *one = rk.tpl_new(1);
-    rk.tpl_add(one, r->topic_names[l->topic], l->partition);
-    rk.pause_partitions(r->rk, one);
-    rk.tpl_destroy(one);
+    pause_one(r, l, 1);
     p->asleep = 1;
 }
 
