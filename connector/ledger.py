@@ -48,6 +48,16 @@ class ProgressRecord:
 _RECORD_FIELDS = tuple(f.name for f in fields(ProgressRecord))
 
 
+def new_record(generator: object, count: int, min_event_ms: int | None,
+               max_event_ms: int | None, max_row_watermark: int | None) -> ProgressRecord:
+    """``ProgressRecord(...)`` without the frozen dataclass's ``__init__`` (five
+    ``object.__setattr__``): a task of 4,096 ranges makes one a range."""
+    record = object.__new__(ProgressRecord)
+    record.__dict__.update(generator=generator, count=count, min_event_ms=min_event_ms,
+                           max_event_ms=max_event_ms, max_row_watermark=max_row_watermark)
+    return record
+
+
 def _records_of(columns: dict) -> list[ProgressRecord]:
     """A pack file's records from its columns, without the frozen dataclass's ``__init__``
     (five ``object.__setattr__`` each): the driver reads thousands per planning."""
@@ -57,6 +67,10 @@ def _records_of(columns: dict) -> list[ProgressRecord]:
         record.__dict__.update(zip(_RECORD_FIELDS, values))
         records.append(record)
     return records
+
+
+def _columns_of(records: list[ProgressRecord]) -> dict[str, list]:
+    return {name: [getattr(record, name) for record in records] for name in _RECORD_FIELDS}
 
 
 def record_content(task: RangeTask, fingerprint: dict) -> str:
@@ -124,7 +138,26 @@ _STATE_FIELDS = attrgetter(*(f.name for f in fields(PartitionState)))
 
 
 def _ranges_of(tasks: tuple[RangeTask, ...]) -> list[list]:
+    """A pack's ranges as its file named them before :func:`_range_columns`: a list a range."""
     return [[task.topic, task.partition, task.start, task.end] for task in tasks]
+
+
+def _range_columns(tasks: tuple[RangeTask, ...]) -> dict[str, object]:
+    """A pack's ranges as its file names them: a column per field, the topic once when the
+    pack reads one topic. A list a range made the driver's fold at 4,096 ranges parse and
+    build 4,096 lists, then as many again to compare them (bench/README.md, "The pack file
+    as columns")."""
+    topics = [task.topic for task in tasks]
+    return {"topic": topics[0] if topics.count(topics[0]) == len(topics) else topics,
+            "partition": [task.partition for task in tasks],
+            "from": [task.start for task in tasks], "to": [task.end for task in tasks]}
+
+
+def _names_ranges(named: object, tasks: tuple[RangeTask, ...]) -> bool:
+    """Whether a pack file's ``at`` (either layout) names exactly ``tasks``, in order."""
+    if isinstance(named, list):
+        return named == _ranges_of(tasks)
+    return named == _range_columns(tasks)
 
 
 class ProgressLedger:
@@ -189,10 +222,9 @@ class ProgressLedger:
         if len(tasks) == 1:
             self.publish(tasks[0], fingerprint, records[0])
             return
-        columns = {name: [getattr(record, name) for record in records]
-                   for name in _RECORD_FIELDS}
+        columns = _columns_of(records)
         self._write(tasks[0], self._pack_path(tasks, key or pack_key(tasks, fingerprint)),
-                    {"at": _ranges_of(tasks), "records": columns})
+                    {"at": _range_columns(tasks), "records": columns})
 
     def _write(self, first: RangeTask, path: str, content: dict) -> None:
         fs, _ = self._filesystem()
@@ -200,7 +232,7 @@ class ProgressLedger:
         # Write then rename, so a reader never sees half a record from a task cut short.
         temporary = f"{path}.{uuid.uuid4().hex}.tmp"
         with fs.open_output_stream(temporary) as out:
-            out.write(json.dumps(content, sort_keys=True).encode())
+            out.write(json.dumps(content, sort_keys=True, separators=(",", ":")).encode())
         fs.move(temporary, path)
 
     # -- is the default location shared? -------------------------------------------------
@@ -285,9 +317,16 @@ class ProgressLedger:
         or None. A pack written under its ranges' own key (:func:`pack_key`: kwatermark
         before pack_keys, whose tasks may have run just before an upgrade) is looked for
         when there is none under ``key``."""
+        columns = self.lookup_pack_columns(tasks, fingerprint, key)
+        return None if columns is None else _records_of(columns)
+
+    def lookup_pack_columns(self, tasks: tuple[RangeTask, ...], fingerprint: dict,
+                            key: str | None = None) -> dict[str, list] | None:
+        """``lookup_pack`` as the file holds it: a list per ``ProgressRecord`` field, one
+        value a range (the driver's fold reads them so, without a record object a range)."""
         if len(tasks) == 1:
             record = self.lookup(tasks[0], fingerprint)
-            return None if record is None else [record]
+            return None if record is None else _columns_of([record])
         path = self._pack_path(tasks, key or pack_key(tasks, fingerprint))
         data = self._read(path)
         if data is None and key is not None:
@@ -297,16 +336,18 @@ class ProgressLedger:
             return None
         try:
             if "ranges" in data:   # before pack_keys: a list of records, keyed by its ranges
-                records = [ProgressRecord.from_json(r) for r in data["ranges"]]
-            elif data["at"] != _ranges_of(tasks):
+                columns = _columns_of([ProgressRecord.from_json(r) for r in data["ranges"]])
+            elif not _names_ranges(data["at"], tasks):
                 return self._unreadable(path, "written for other ranges")
             else:
-                records = _records_of(data["records"])
+                columns = {name: data["records"][name] for name in _RECORD_FIELDS}
         except (KeyError, TypeError) as exc:
             return self._unreadable(path, exc)
-        if len(records) != len(tasks):
-            return self._unreadable(path, f"{len(records)} records for {len(tasks)} ranges")
-        return records
+        counts = {len(column) if isinstance(column, list) else -1
+                  for column in columns.values()}
+        if counts != {len(tasks)}:
+            return self._unreadable(path, f"{max(counts)} records for {len(tasks)} ranges")
+        return columns
 
     def _read(self, path: str) -> dict | None:
         fs, _ = self._filesystem()

@@ -335,6 +335,30 @@ def test_a_pack_written_before_batch_keys_is_found_after_an_upgrade(tmp_path):
     assert ledger.lookup_pack(PACK, FINGERPRINT, key) == PACK_RECORDS
 
 
+def test_a_pack_names_its_ranges_as_columns_and_one_written_as_lists_is_still_found(tmp_path):
+    """A pack file names its ranges a column per field, its topic once when it has one; a
+    file of the earlier layout (a list per range), written by a task that ran just before
+    an upgrade, is folded by the upgraded driver, and is not applied to other ranges."""
+    ledger = ProgressLedger(str(tmp_path))
+    [key] = pack_keys(OFFSET_JSON, FINGERPRINT, PACKING, 1)
+    one_topic = (task(0, 10), task(3, 5, partition=7), task(0, 1, partition=2))
+    ledger.publish_pack(one_topic, FINGERPRINT, PACK_RECORDS[:3], key)
+    [path] = record_files(tmp_path)
+    assert json.loads(path.read_text())["at"] == {
+        "topic": "events", "partition": [0, 7, 2], "from": [0, 3, 0], "to": [10, 5, 1]}
+    ledger = ProgressLedger(str(tmp_path / "two-topics"))
+    ledger.publish_pack(PACK, FINGERPRINT, PACK_RECORDS, key)
+    [path] = record_files(tmp_path / "two-topics")
+    content = json.loads(path.read_text())
+    assert content["at"]["topic"] == ["events", "events", "other", "events"]
+    content["at"] = [[t.topic, t.partition, t.start, t.end] for t in PACK]
+    path.write_text(json.dumps(content))
+    assert ledger.lookup_pack(PACK, FINGERPRINT, key) == PACK_RECORDS
+    assert ledger.lookup_pack_columns(PACK, FINGERPRINT, key)["count"] == [10, 10, 4, 1]
+    regrouped = PACK[:2] + (task(5, 8, topic="other", partition=3),) + PACK[3:]
+    assert ledger.lookup_pack(regrouped, FINGERPRINT, key) is None
+
+
 def test_a_pack_of_one_range_is_that_range_record(tmp_path):
     ledger = ProgressLedger(str(tmp_path))
     ledger.publish_pack(PACK[:1], FINGERPRINT, PACK_RECORDS[:1])
