@@ -166,3 +166,34 @@ def test_a_task_leaves_a_collector_the_application_paused_paused(tmp_path, monke
     gc.disable()
     assert list(reader.read(partition)) == [0, 1, 2]
     assert not gc.isenabled() and offered == [False]
+
+
+def test_a_planning_call_freezes_what_exists_and_cyclic_garbage_is_still_collected(
+        monkeypatch, collector):
+    """Spark's planning process keeps what a planning made out of the collections after it
+    (``gc.freeze``) and collects in full at most every PLANNING_COLLECT_EVERY_S: a cycle
+    left behind between plannings is freed by the next full collection, not kept."""
+    import weakref
+
+    class Node:
+        pass
+
+    monkeypatch.setattr(source, "_planning_collected_at", None)
+    monkeypatch.setattr(source, "PLANNING_COLLECT_EVERY_S", 3600.0)
+    call = source._planning_call(lambda: "planned")
+    try:
+        assert call() == "planned"            # the first call collects, then freezes
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+        cycle = Node()
+        cycle.me = cycle
+        left = weakref.ref(cycle)
+        del cycle
+        gc.disable()                          # no collection between the two calls
+        call()                                # a full collection is not due: frozen
+        assert left() is not None and gc.get_freeze_count() > 0 and not gc.isenabled()
+        gc.enable()
+        monkeypatch.setattr(source, "PLANNING_COLLECT_EVERY_S", 0.0)
+        call()                                # due: unfrozen, collected, frozen again
+        assert left() is None
+    finally:
+        gc.unfreeze()
