@@ -24,7 +24,7 @@ from kwatermark import arrow
 from kwatermark.consumer import MAX_CONSUME, open_consumer, partition_bounds
 from kwatermark.errors import BrokerError, DataLossError, DecodeError
 from kwatermark.faults import fault_point, trip_fault
-from kwatermark.ledger import ProgressRecord
+from kwatermark.ledger import ProgressRecord, new_record
 from kwatermark.offsets import RangeTask
 from kwatermark.options import SourceOptions
 from kwatermark.range_end import Stall, advance, done, short
@@ -272,10 +272,8 @@ class RangeReader:
         self.max_row_watermark = max(self.max_row_watermark, top_row)
 
     def _progress(self) -> ProgressRecord:
-        return ProgressRecord(
-            generator=self.generator.snapshot(), count=self.count,
-            min_event_ms=self.min_event, max_event_ms=self.max_event,
-            max_row_watermark=to_optional(self.max_row_watermark))
+        return new_record(self.generator.snapshot(), self.count, self.min_event,
+                          self.max_event, to_optional(self.max_row_watermark))
 
 
 def compute_ranges(readers: list[RangeReader], block: RecordBlock, counts: np.ndarray
