@@ -361,21 +361,27 @@ class BatchPlanner:
             return None
         planned: dict[TopicPartition, PartitionState] = {}
         marks: dict[TopicPartition, int] = {}
+        # Clock-driven generators (timelag) take the planning time into their state, hence
+        # into the offset: a replay sees the same time (DESIGN §13). The clock alone never
+        # plans a batch, so heartbeat batches do not tick it.
+        clocked = available and self._clock_plans()
+        # The default policy decides nothing per partition: asked once, not 4,096 times.
+        never_idle = isinstance(self.policy, idle.NeverIdle)
         for tp in sorted(ends):
             folded = states.get(tp)
             base = folded or PartitionState(last_read_ms=now)
-            if available:
-                # Clock-driven generators (timelag) take the planning time into their state,
-                # hence into the offset: a replay sees the same time (DESIGN §13). The clock
-                # alone never plans a batch, so heartbeat batches do not tick it.
+            if clocked:
                 base = self._clocked(base, now)
             # A held partition is paused on purpose, not idle: it counts as read.
-            read = ends[tp] > begins[tp] or tp in held
-            last_read = now if read else base.last_read_ms
-            if base.last_read_ms != last_read or base.held != (tp in held):
-                base = base.updated(last_read_ms=last_read, held=tp in held)
-            state = planned[tp] = self._decide(tp, base, unread=latest[tp] - begins[tp],
-                                               now=now)
+            is_held = tp in held
+            last_read = now if ends[tp] > begins[tp] or is_held else base.last_read_ms
+            if base.last_read_ms != last_read or base.held != is_held:
+                base = base.updated(last_read_ms=last_read, held=is_held)
+            if never_idle:
+                state = base if base.idle == idle.COUNT else base.updated(idle=idle.COUNT)
+            else:
+                state = self._decide(tp, base, unread=latest[tp] - begins[tp], now=now)
+            planned[tp] = state
             # A partition's watermark is its generator's and its advance's: unchanged since
             # _admit asked it unless the clock or an idle decision changed either.
             if folded is not None and state.generator is folded.generator \
@@ -481,11 +487,17 @@ class BatchPlanner:
             log.debug("no topic ids for %s: %s", sorted(topics), exc)
             return {}
 
-    def _clocked(self, state: PartitionState, now: int) -> PartitionState:
+    def _clock_plans(self) -> bool:
+        """Whether the generator takes the planning time (most take none: then no state is
+        restored per partition)."""
         if self._plans_clock is None:
-            self._plans_clock = plan_generator(make_generator(self.options.watermark), now)
-        if not self._plans_clock:
-            return state   # most generators take no planning time: none restored per partition
+            self._plans_clock = plan_generator(make_generator(self.options.watermark),
+                                               now_ms())
+        return self._plans_clock
+
+    def _clocked(self, state: PartitionState, now: int) -> PartitionState:
+        if not self._clock_plans():
+            return state
         generator = restore_generator(self.options.watermark, state.generator)
         if not plan_generator(generator, now):
             return state
@@ -589,8 +601,6 @@ class BatchPlanner:
 
     def _decide(self, tp: TopicPartition, state: PartitionState, unread: int, now: int
                 ) -> PartitionState:
-        if isinstance(self.policy, idle.NeverIdle):   # nothing to ask, per partition
-            return state if state.idle == idle.COUNT else state.updated(idle=idle.COUNT)
         view = idle.PartitionView(
             topic=tp[0], partition=tp[1],
             watermark_ms=to_optional(self.partition_watermark(state)),
