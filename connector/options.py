@@ -353,7 +353,10 @@ class SourceOptions:
     def consumer_conf(self) -> dict[str, str]:
         """librdkafka configuration for every consumer and admin client the source creates.
         Keystores are read here, in the process that creates the client (kwatermark.security)."""
-        conf = {"bootstrap.servers": self.bootstrap_servers}
+        # Kafka's Java clients, so Spark's source, set TCP_NODELAY on every broker
+        # connection; librdkafka leaves Nagle's algorithm on unless told, and a request
+        # written behind one not yet acknowledged waited for the broker's delayed ACK.
+        conf = {"bootstrap.servers": self.bootstrap_servers, "socket.nagle.disable": "true"}
         conf.update(security.librdkafka_conf(dict(self.kafka_conf)))
         return conf
 

@@ -141,7 +141,9 @@ def test_every_documented_option_is_accepted_with_its_value():
     assert options.group_id_prefix == "mine"
     assert options.group_id == "fixed-group"
     assert options.kafka_conf == (("security.protocol", "SASL_SSL"),)
+    # TCP_NODELAY, as Kafka's Java clients: a user's kafka.socket.nagle.disable would win
     assert options.consumer_conf() == {"bootstrap.servers": "a:1,b:2",
+                                       "socket.nagle.disable": "true",
                                        "security.protocol": "SASL_SSL"}
     assert options.watermark.strategy == "bounded"
     assert options.watermark.max_out_of_orderness_ms == 5000
@@ -614,3 +616,11 @@ def test_no_options_at_all_explains_the_catalog_table_limit():
     message = option_error({})
     assert message.startswith("option kafka.bootstrap.servers is required")
     assert "PythonDataSourceV2.getTable" in message and "docs/sql.md" in message
+
+
+def test_broker_connections_disable_nagle_as_kafkas_java_clients_unless_told_otherwise():
+    told = parse_options({"kafka.bootstrap.servers": "a:1", "subscribe": "t",
+                          "kafka.socket.nagle.disable": "false"})
+    assert told.consumer_conf()["socket.nagle.disable"] == "false"
+    default = parse_options({"kafka.bootstrap.servers": "a:1", "subscribe": "t"})
+    assert default.consumer_conf()["socket.nagle.disable"] == "true"
