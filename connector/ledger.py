@@ -145,8 +145,8 @@ def _ranges_of(tasks: tuple[RangeTask, ...]) -> list[list]:
 def _range_columns(tasks: tuple[RangeTask, ...]) -> dict[str, object]:
     """A pack's ranges as its file names them: a column per field, the topic once when the
     pack reads one topic. A list a range made the driver's fold at 4,096 ranges parse and
-    build 4,096 lists, then as many again to compare them (bench/README.md, "The pack file
-    as columns")."""
+    build 4,096 lists, then as many again to compare them (bench/README.md, "Fewer objects,
+    and none walked again")."""
     topics = [task.topic for task in tasks]
     return {"topic": topics[0] if topics.count(topics[0]) == len(topics) else topics,
             "partition": [task.partition for task in tasks],

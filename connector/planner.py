@@ -361,7 +361,7 @@ class BatchPlanner:
             # apart under the default trigger), thousands of partitions each time.
             return None
         now = now_ms()
-        ends, held, admitted_marks = self._admit(begins, ends, states, limits, now, start)
+        ends, held, admitted_marks = self._admit(begins, ends, states, limits, start)
         available = sum(ends[tp] - begins[tp] for tp in ends)
         if available == 0 and not self.options.heartbeat:
             return None
@@ -554,7 +554,7 @@ class BatchPlanner:
             joined, mark, _utc(mark), mark - lateness, lateness, treatment)
 
     def _admit(self, begins: dict[TopicPartition, int], ends: dict[TopicPartition, int],
-               states: dict[TopicPartition, PartitionState], limits: ReadLimits, now: int,
+               states: dict[TopicPartition, PartitionState], limits: ReadLimits,
                start: BatchOffset
                ) -> tuple[dict[TopicPartition, int], set[TopicPartition], dict[TopicPartition, int]]:
         """What each partition may read this trigger (DESIGN §11): watermark alignment pauses

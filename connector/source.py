@@ -119,7 +119,7 @@ def _planning_call(method: Method) -> Method:
     code that writes its answer, and walked what the planner keeps (at 4,096 partitions
     the last offsets' states, ranges and lags: ~170,000 objects), 7 ms in the runner's
     JSON encoding alone per planning, and every few plannings a full one (bench/README.md,
-    "Planning without collections"). Objects still go when nothing refers to them; only
+    "Fewer objects, and none walked again"). Objects still go when nothing refers to them; only
     cyclic garbage waits for the next full collection, a minute's worth at most."""
     @functools.wraps(method)
     def call(*args, **kwargs):
