@@ -68,10 +68,10 @@ MAX_PARTITIONS = 1 << 16   # leaders read per topic (a topic has at most some th
 # pauses its finished partitions, which would go on fetching past their ranges and take the
 # Fetch answers' room from the others; stopped, the next task had to start them again, and
 # at 4,096 partitions that took it past STOP_AFTER_S too) and, at its end, pauses the rest
-# where they stand with the
-# records it polled past its ranges (kw_park; what librdkafka had fetched and it had not
-# polled is fetched again: the pause outdates it); the worker keeps the consumer, its next task
-# resumes each partition whose range begins where the last ended (kw_start).
+# where they stand with the records it polled past its ranges (kw_park; what librdkafka had
+# fetched and it had not polled is fetched again: the pause outdates it); the worker keeps
+# the consumer, its next task resumes each partition whose range begins where the last
+# ended (kw_start).
 MANY_PARTITIONS = 1024
 # A task of more than MANY_PARTITIONS partitions asks librdkafka to keep at least this many
 # records a partition fetched ahead (its prefetch, kwatermark.consumer.prefetch, otherwise

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from operator import attrgetter
 
 from kwatermark import idle
 from kwatermark.arrow import OutputLayout
@@ -69,11 +70,11 @@ BACKWARDS_RECHECK_S = 5.0
 
 # What the fold takes of a range's ProgressRecord, in this order.
 _FOLDED_FIELDS = ("generator", "min_event_ms", "max_event_ms", "max_row_watermark")
+_folded_of = attrgetter(*_FOLDED_FIELDS)
 
 
 def _folded_fields(record: ProgressRecord | None) -> tuple | None:
-    return None if record is None else (record.generator, record.min_event_ms,
-                                        record.max_event_ms, record.max_row_watermark)
+    return None if record is None else _folded_of(record)
 
 
 def now_ms() -> int:
@@ -504,8 +505,8 @@ class BatchPlanner:
         return self._plans_clock
 
     def _clocked(self, state: PartitionState, now: int) -> PartitionState:
-        if not self._clock_plans():
-            return state
+        """``state`` with its generator told the planning time (only where
+        ``_clock_plans()``)."""
         generator = restore_generator(self.options.watermark, state.generator)
         if not plan_generator(generator, now):
             return state

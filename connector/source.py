@@ -90,17 +90,21 @@ def _collector_paused() -> Iterator[None]:
         gc.enable()
 
 
-def _gc_paused(method: Method) -> Method:
+def _gc_paused(method: Method, then: Callable[[], None] | None = None) -> Method:
     """Run a driver call (planning, committing) with the collector paused
-    (``_collector_paused``). A planning at thousands of partitions makes and keeps tens of
-    thousands of objects (each partition's state, range and lag, in the offsets the planner
-    keeps), and every collection the allocations triggered walked them again: at 4,096
-    partitions a third of ``latestOffset``'s time (bench/README.md, "Planning with the
-    collector paused")."""
+    (``_collector_paused``), and ``then()``, if given, at its end, still paused. A planning
+    at thousands of partitions makes and keeps tens of thousands of objects (each
+    partition's state, range and lag, in the offsets the planner keeps), and every
+    collection the allocations triggered walked them again: at 4,096 partitions a third of
+    ``latestOffset``'s time (bench/README.md, "Planning with the collector paused")."""
     @functools.wraps(method)
     def call(*args, **kwargs):
         with _collector_paused():
-            return method(*args, **kwargs)
+            try:
+                return method(*args, **kwargs)
+            finally:
+                if then is not None:
+                    then()
     return call  # type: ignore[return-value]
 
 
@@ -121,21 +125,19 @@ def _planning_call(method: Method) -> Method:
     JSON encoding alone per planning, and every few plannings a full one (bench/README.md,
     "Fewer objects, and none walked again"). Objects still go when nothing refers to them; only
     cyclic garbage waits for the next full collection, a minute's worth at most."""
-    @functools.wraps(method)
-    def call(*args, **kwargs):
-        global _planning_collected_at
-        with _collector_paused():
-            try:
-                return method(*args, **kwargs)
-            finally:
-                now = time.monotonic()
-                if (_planning_collected_at is None
-                        or now - _planning_collected_at >= PLANNING_COLLECT_EVERY_S):
-                    gc.unfreeze()
-                    gc.collect()
-                    _planning_collected_at = now
-                gc.freeze()
-    return call  # type: ignore[return-value]
+    return _gc_paused(method, then=_freeze_collecting_rarely)
+
+
+def _freeze_collecting_rarely() -> None:
+    """``gc.freeze()``, after a full collection when the last was PLANNING_COLLECT_EVERY_S
+    ago or more (or there was none)."""
+    global _planning_collected_at
+    now = time.monotonic()
+    if _planning_collected_at is None or now - _planning_collected_at >= PLANNING_COLLECT_EVERY_S:
+        gc.unfreeze()
+        gc.collect()
+        _planning_collected_at = now
+    gc.freeze()
 
 
 def _cause_first_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
