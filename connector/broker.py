@@ -15,6 +15,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from kwatermark import consumer as consumers
 from kwatermark import retries, security
 from kwatermark.consumer import chunked_offsets, task_conf
 from kwatermark.errors import BrokerError, OptionError
@@ -528,16 +529,20 @@ class KafkaMetadata:
             try:
                 if self._consumer is None:
                     self._consumer = self._offsets_consumer()
-                answer = chunked_offsets(self._consumer,
-                                         [KafkaTP(t, p, which) for t, p in tps],
-                                         QUICK_TIMEOUT_S)
+                if hasattr(self._consumer, "clean_offsets"):
+                    found = self._consumer.clean_offsets(tps, which, QUICK_TIMEOUT_S,
+                                                         consumers.OFFSETS_CHUNK)
+                else:
+                    answer = chunked_offsets(self._consumer,
+                                             [KafkaTP(t, p, which) for t, p in tps],
+                                             QUICK_TIMEOUT_S)
+                    found = {(tp.topic, tp.partition): tp.offset for tp in answer
+                             if tp.error is None and tp.offset >= 0}
             except KafkaException as exc:
                 log.debug("quick offsets lookup failed (%s); asking through the admin client",
                           exc)
                 self._quick_after = time.monotonic() + QUICK_REST_S
                 return {}
-        found = {(tp.topic, tp.partition): tp.offset for tp in answer
-                 if tp.error is None and tp.offset >= 0}
         if len(found) < len(tps):
             self._quick_after = time.monotonic() + QUICK_REST_S
         return found

@@ -180,6 +180,7 @@ class _Client:
         self.key = pool_key   # _Clients' key: the configuration it was made with
         # topics whose metadata it has, and when it was asked (learn_topics)
         self.described: dict[str, float] = {}
+        self._asked: tuple | None = None   # clean_offsets' last partitions and C arrays
         names, values = [], []
         for key, value in conf.items():
             if isinstance(value, bool):
@@ -217,6 +218,34 @@ class _Client:
             answer[i] = SimpleNamespace(topic=tps[i].topic, partition=tps[i].partition,
                                         offset=found[i], error=KafkaError(int(failed[i])))
         return answer
+
+    def clean_offsets(self, tps: list[tuple[str, int]], which: int, timeout: float,
+                      chunk: int) -> dict[tuple[str, int], int]:
+        """``which`` offset (``OFFSET_END``, ``OFFSET_BEGINNING``) of each of ``tps``, only
+        where answered without an error and with an offset: :meth:`offsets_for_times` for
+        the driver's lookups (``KafkaMetadata._quick``), without its object per partition
+        either way. The C arrays of the last list asked are kept: the driver asks the same
+        partitions every planning, on a thread of its own while the main thread folds the
+        last batch, and Python work before the call waits for the GIL there."""
+        known = self._asked
+        if known is None or known[0] != tps:
+            names = {topic: ffi.new("char[]", topic.encode()) for topic in {t for t, _ in tps}}
+            known = self._asked = (list(tps), names,
+                                   ffi.new("char *[]", [names[t] for t, _ in tps]),
+                                   ffi.new("int32_t[]", [p for _, p in tps]))
+        n = len(tps)
+        offsets = ffi.new("int64_t[]", n)
+        asked = np.frombuffer(ffi.buffer(offsets), dtype=np.int64)
+        asked[:] = which
+        errors = ffi.new("int32_t[]", n)
+        code = lib.kw_offsets(self.handle, known[2], known[3], offsets, errors, n, chunk,
+                              int(timeout * 1000))
+        if code:
+            raise KafkaException(KafkaError(code))
+        clean = (np.frombuffer(ffi.buffer(errors), dtype=np.int32) == 0) & (asked >= 0)
+        if clean.all():
+            return dict(zip(known[0], asked.tolist()))
+        return {tps[i]: int(asked[i]) for i in np.flatnonzero(clean).tolist()}
 
     def partition_count(self, topic: str, timeout: float) -> int:
         """How many partitions ``topic`` has, as the brokers say now; an error (a topic
