@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from kwatermark.offsets import (
     plan_splits,
     rate_limit,
     read_densities,
+    task_columns,
 )
 from kwatermark.options import EARLIEST, LATEST, OffsetBound, SourceOptions
 from kwatermark.pack import PackReader
@@ -167,7 +169,17 @@ class BatchPlanner:
         # A start offset, and each partition's watermark and whether it counts at it
         # (_state_marks).
         self._start_marks: tuple[BatchOffset, dict, dict] | None = None
+        # The read limit's inputs for those marks: (marks, priority, densities).
+        self._start_limits: tuple[dict, dict, dict] | None = None
+        # The start offset of the last planning that readied its partitions' states while
+        # the brokers answered (_while_asked): once per start, not at every ask of an idle
+        # query.
+        self._readied_from: BatchOffset | None = None
         self._plans_clock: bool | None = None   # the generator takes the planning time
+        # The thread planning the tasks of the offset latest_offset returned (ready_tasks),
+        # and the columns of that offset's packs it made (offset, one per pack).
+        self._readying: threading.Thread | None = None
+        self._columns: tuple[BatchOffset, list] | None = None
         self._target: dict[TopicPartition, int] | None = None
         self._last_trigger_ms: int | None = None
         # Whether this run has planned a batch yet: see the heartbeat in latest_offset.
@@ -189,7 +201,8 @@ class BatchPlanner:
         state.update(_policy=None, _folded=None, _tasks=None, _keys=None, latest_seen={},
                      _announced=set(), _known=[], _may_hold=None, _marks={}, _topic_ids={},
                      _behind_since={}, _snapshot_mark=None, _offset_marks=None,
-                     _start_marks=None)
+                     _start_marks=None, _start_limits=None, _readied_from=None,
+                     _readying=None, _columns=None)
         return state
 
     def offset(self, data: object) -> BatchOffset:
@@ -327,10 +340,14 @@ class BatchPlanner:
 
     def latest_offset(self, start: BatchOffset, limits: ReadLimits) -> BatchOffset | None:
         """The next batch's end offset, or None when there is nothing new to read."""
+        self._join_readying()
         self._marks = {}
         # The topics and the end offsets of the partitions read so far, asked on threads
         # while the last batch is folded: the brokers answer during Python's work.
         ahead = self.metadata.ask_ahead(list(start.partitions))
+        # The planning time, taken before the brokers are asked: every record appended
+        # before it is in their answer (the processing-time watermark, observe_lags).
+        now = now_ms()
         states, emitted_max = self.fold(start)
         previous = max(from_optional(start.watermark), emitted_max)
         # A (re)started query's topics must exist, as when it first started, except those
@@ -339,10 +356,9 @@ class BatchPlanner:
                                 read_before={t for t, _ in start.partitions}, ahead=ahead)
         self._checked = True
         begins = self._begins(start, current, previous)
+        readied = None
         if ahead is not None and not ahead.ends.done():
-            # While the brokers answer: each partition's watermark, which the read limit
-            # and the loop below ask (~5 ms at 4,096 partitions, once per start).
-            self._state_marks(start, states, begins)
+            readied = self._while_asked(start, states, begins, limits, now)
         latest = self._monotone(self.metadata.latest_offsets(list(begins), ahead),
                                 begins)
         for tp, begin in list(begins.items()):
@@ -361,7 +377,6 @@ class BatchPlanner:
             # per-partition work. Spark asks again every few ms while a query idles (10 ms
             # apart under the default trigger), thousands of partitions each time.
             return None
-        now = now_ms()
         ends, held, admitted_marks = self._admit(begins, ends, states, limits, start)
         available = sum(ends[tp] - begins[tp] for tp in ends)
         if available == 0 and not self.options.heartbeat:
@@ -377,6 +392,12 @@ class BatchPlanner:
         # The default policy decides nothing per partition: asked once, not 4,096 times.
         never_idle = isinstance(self.policy, idle.NeverIdle)
         for tp in sorted(ends):
+            if readied is not None and ends[tp] > begins[tp] and tp not in held:
+                state = readied.get(tp)
+                if state is not None:   # as the lines below would make it
+                    planned[tp] = state
+                    marks[tp] = admitted_marks[tp]
+                    continue
             folded = states.get(tp)
             base = folded or PartitionState(last_read_ms=now)
             if clocked:
@@ -554,6 +575,34 @@ class BatchPlanner:
             "time <= %d (watermark - allowedLateness %d ms) are late and %s",
             joined, mark, _utc(mark), mark - lateness, lateness, treatment)
 
+    def _while_asked(self, start: BatchOffset, states: dict[TopicPartition, PartitionState],
+                     begins: dict[TopicPartition, int], limits: ReadLimits, now: int
+                     ) -> dict[TopicPartition, PartitionState] | None:
+        """The planning's work that needs no end offset, done while the brokers answer
+        (the lookup takes ~30 ms at 4,096 partitions inside Spark's planning process):
+        each partition's watermark, the read limit's inputs, and, on the first ask from
+        ``start``, the state each folded partition plans at ``now`` if it reads and is not
+        held (the common case of ``latest_offset``'s loop, which takes them as they are).
+        None where the loop decides otherwise anyway (a clock-driven generator, an idle
+        policy) and when asked again from the same start (an idle query is asked every few
+        ms: it readies its states once)."""
+        self._state_marks(start, states, begins)
+        if limits.max_rows is not None:
+            self._limit_inputs(start, states, begins)
+        if self._readied_from is start or self._clock_plans() \
+                or not isinstance(self.policy, idle.NeverIdle):
+            return None
+        self._readied_from = start
+        readied = {}
+        for tp in begins:
+            state = states.get(tp)
+            if state is None:
+                continue   # new to the query: its state is made at planning
+            if state.last_read_ms != now or state.held or state.idle != idle.COUNT:
+                state = state.updated(last_read_ms=now, held=False, idle=idle.COUNT)
+            readied[tp] = state
+        return readied
+
     def _admit(self, begins: dict[TopicPartition, int], ends: dict[TopicPartition, int],
                states: dict[TopicPartition, PartitionState], limits: ReadLimits,
                start: BatchOffset
@@ -574,13 +623,26 @@ class BatchPlanner:
                 ends = {tp: begins[tp] if tp in held else end for tp, end in ends.items()}
         if limits.max_rows is not None:
             # Excluded partitions hold nothing: after every counted one.
-            priority = {tp: marks[tp] if counted[tp] else NO_PARTITIONS for tp in ends}
-            holders = [tp for tp in ends if counted[tp] and marks[tp] != UNDEFINED]
-            ends = rate_limit(begins, ends, limits.max_rows, priority,
-                              fill_densities(read_densities(start, states,
-                                                            self.lowest_events(start)),
-                                             holders))
+            priority, densities = self._limit_inputs(start, states, ends)
+            ends = rate_limit(begins, ends, limits.max_rows, priority, densities)
         return ends, held, marks
+
+    def _limit_inputs(self, start: BatchOffset, states: dict[TopicPartition, PartitionState],
+                      tps: dict[TopicPartition, int]
+                      ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, float]]:
+        """The read limit's priority (each partition's watermark; excluded ones after
+        every counted one) and each watermark holder's density, for ``_state_marks(start,
+        states, tps)``; computed once for those marks. Callers do not change them."""
+        marks, counted = self._state_marks(start, states, tps)
+        known = self._start_limits
+        if known is not None and known[0] is marks:
+            return known[1], known[2]
+        priority = {tp: marks[tp] if counted[tp] else NO_PARTITIONS for tp in tps}
+        holders = [tp for tp in tps if counted[tp] and marks[tp] != UNDEFINED]
+        densities = fill_densities(read_densities(start, states, self.lowest_events(start)),
+                                   holders)
+        self._start_limits = (marks, priority, densities)
+        return priority, densities
 
     def _state_marks(self, start: BatchOffset, states: dict[TopicPartition, PartitionState],
                      tps: dict[TopicPartition, int]
@@ -672,6 +734,7 @@ class BatchPlanner:
         """``offset``'s tasks and their packs, computed once per offset: Spark planning the
         batch (``packed_tasks``) and the next planning folding it (``fold``) hand over the
         same offset object (``offset`` parses each JSON once). Callers do not change them."""
+        self._join_readying()
         if self._tasks is None or self._tasks[0] is not offset:
             tasks = self._plan_tasks(offset)
             self._tasks = (offset, tasks, self._packs(tasks))
@@ -716,6 +779,7 @@ class BatchPlanner:
         tasks write their packs' records under them, the next planning's ``fold`` finds
         them there. All None when no pack holds more than one range (each range's record
         has its own key)."""
+        self._join_readying()
         if self._keys is None or self._keys[0] is not offset:
             packs = self._tasks_and_packs(offset)[1]
             keys: list[str | None] = [None] * len(packs)
@@ -725,6 +789,43 @@ class BatchPlanner:
                 keys = pack_keys(self._json_of(offset), self.fingerprint, packing, len(packs))
             self._keys = (offset, keys)
         return self._keys[1]
+
+    def ready_tasks(self, offset: BatchOffset) -> None:
+        """Plan ``offset``'s tasks, their packs, keys and columns on a thread: Spark writes a
+        planned batch to its offset log (``walCommit``, ~30 ms) before it asks for them
+        (``packed_tasks``, ``pack_keys``, ``pack_columns``), and its planning process
+        waits meanwhile (~8 ms of a 4,096-partition batch taken off its critical path).
+        Every call of the planner waits for the thread first; what fails on it is planned
+        again, and raises, where asked."""
+        self._join_readying()
+        self._readying = threading.Thread(target=self._ready, args=(offset,), daemon=True,
+                                          name="kwatermark-tasks")
+        self._readying.start()
+
+    def _ready(self, offset: BatchOffset) -> None:
+        # First the planning call returns and Spark's runner sends its answer: a thread
+        # that took the GIL at once would keep it for Python's switch interval (5 ms).
+        time.sleep(0.001)
+        try:
+            packs = self._tasks_and_packs(offset)[1]
+            self.pack_keys(offset)
+            self._columns = (offset, [task_columns(pack) for pack in packs])
+        except Exception:   # planned again, and raised, where asked
+            log.debug("planning the tasks ahead failed; they are planned when asked",
+                      exc_info=True)
+
+    def _join_readying(self) -> None:
+        thread = self._readying
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+            self._readying = None
+
+    def pack_columns(self, offset: BatchOffset) -> list | None:
+        """``offsets.task_columns`` of each of ``packed_tasks(offset)``, as ``ready_tasks``
+        made them; None if it did not."""
+        self._join_readying()
+        known = self._columns
+        return known[1] if known is not None and known[0] is offset else None
 
     def _json_of(self, offset: BatchOffset) -> dict:
         """The JSON Spark logged for ``offset`` (the dict it came from, or the one written
@@ -839,6 +940,7 @@ class BatchPlanner:
         run looks in every partition's directory (records of an earlier run); later ones only
         where this run's tasks or recomputes wrote since, not in thousands of directories
         that hold nothing."""
+        self._join_readying()
         look = (end.partitions if self._may_hold is None
                 else [tp for tp in self._may_hold if tp in end.partitions])
         holding = set()

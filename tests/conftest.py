@@ -142,3 +142,13 @@ def checkpoint(tmp_path) -> str:
 @pytest.fixture
 def ledger_dir(tmp_path) -> str:
     return str(tmp_path / "ledger")
+
+
+@pytest.fixture(params=["answered at once", "answered late"])
+def brokers_answer(request, monkeypatch):
+    """The planner's tests with a fake broker run twice: end offsets answered at once, and
+    still on their way once the last batch is folded (as at thousands of partitions: the
+    planner readies what needs no end offset meanwhile). Both plan the same batches."""
+    from tests.unit.test_progress_model import FakeBroker
+
+    monkeypatch.setattr(FakeBroker, "answers_late", request.param == "answered late")

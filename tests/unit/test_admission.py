@@ -18,6 +18,8 @@ from kwatermark.planner import BatchPlanner, ReadLimits
 from kwatermark.reader import Decoders
 from tests.unit.test_progress_model import TOPIC, FakeBroker, read_task
 
+pytestmark = pytest.mark.usefixtures("brokers_answer")
+
 HOUR = 3_600_000
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
@@ -17,6 +18,8 @@ from kwatermark import source
 from kwatermark.arrow import OutputLayout
 from kwatermark.ledger import ProgressRecord
 from tests.unit.test_progress_model import FakeBroker
+
+pytestmark = pytest.mark.usefixtures("brokers_answer")
 
 TOPIC = "events"
 
@@ -68,14 +71,21 @@ def test_an_idle_poll_plans_no_batch_and_walks_no_partition_state(tmp_path, monk
     watermark = reader.planner.partition_watermark
     monkeypatch.setattr(reader.planner, "partition_watermark",
                         lambda state: asked.append(state) or watermark(state))
-    for _ in range(3):
+    for poll in range(3):
         assert reader.latestOffset(_logged(start), ReadAllAvailable()) == start
+        if poll == 0 and FakeBroker.answers_late:
+            # computed while the brokers answered the first poll (nothing said yet that it
+            # finds nothing new), once for this start: not again at the polls after it
+            assert len(asked) == len(broker.tps)
+            asked.clear()
     assert asked == []
 
     broker.ends[(TOPIC, 1)] = 2   # two records arrive in partition 1
     end = reader.latestOffset(_logged(start), ReadAllAvailable())
     assert _ends(end) == {0: 4, 1: 2, 2: 9}
-    assert asked   # a real planning computes the watermarks
+    # a real planning computes the watermarks (answered late: it takes those the first
+    # poll computed, asserted above)
+    assert asked or FakeBroker.answers_late
 
 
 def test_with_heartbeats_an_idle_poll_still_plans(tmp_path):

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from unittest import mock
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +23,8 @@ from kwatermark.options import DEFAULT_MIN_RECORDS_PER_PARTITION, parse_options
 from kwatermark.planner import BatchPlanner, ReadLimits
 from kwatermark.reader import Decoders
 from tests.unit.test_progress_model import TOPIC, FakeBroker, read_task
+
+pytestmark = pytest.mark.usefixtures("brokers_answer")
 
 
 def ranges_of(sizes: list[int]) -> list[RangeTask]:

@@ -28,6 +28,8 @@ from kwatermark.watermarks import (
 )
 from tests.unit.test_progress_model import TOPIC, FakeBroker, read_task
 
+pytestmark = pytest.mark.usefixtures("brokers_answer")
+
 BASE = {"kafka.bootstrap.servers": "fake:9092", "subscribe": "events"}
 
 marks_st = st.lists(st.one_of(st.just(UNDEFINED), st.integers(-1_000, 1_000)),

@@ -11,19 +11,24 @@ from __future__ import annotations
 import itertools
 import json
 import tempfile
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kwatermark.arrow import OutputLayout
+from kwatermark.broker import Ahead
 from kwatermark.offsets import BatchOffset, TopicPartition
 from kwatermark.options import parse_options
 from kwatermark.planner import BatchPlanner, ReadLimits
 from kwatermark.reader import Decoders, RangeReader
 from kwatermark.records import RecordBlock
+
+pytestmark = pytest.mark.usefixtures("brokers_answer")
 
 TOPIC = "events"
 NO_TIMESTAMP = -1   # a Kafka record without a timestamp: it carries no event time
@@ -31,7 +36,14 @@ NO_TIMESTAMP = -1   # a Kafka record without a timestamp: it carries no event ti
 
 class FakeBroker:
     """Stands in for KafkaMetadata: the partitions exist from offset 0, and end where the
-    test's current batch plan says."""
+    test's current batch plan says.
+
+    ``answers_late`` (the ``brokers_answer`` fixture sets it): the end offsets asked ahead
+    are still on their way when the planner has folded the last batch, as at thousands of
+    partitions, so the planner readies what needs no end offset meanwhile
+    (``BatchPlanner._while_asked``); else nothing is asked ahead (fewer partitions)."""
+
+    answers_late = False
 
     def __init__(self, tps: list[TopicPartition]):
         self.tps = tps
@@ -44,8 +56,10 @@ class FakeBroker:
     def coverage(self, subscription, ahead=None) -> tuple[list[TopicPartition], list[str]]:
         return self.assigned_partitions(subscription), []
 
-    def ask_ahead(self, tps) -> None:
-        return None   # nothing asked ahead: latest_offsets answers
+    def ask_ahead(self, tps) -> Ahead | None:
+        if not self.answers_late:
+            return None   # nothing asked ahead: latest_offsets answers
+        return Ahead(Future(), Future())   # never answered: latest_offsets answers
 
     def latest_offsets(self, tps, ahead=None) -> dict[TopicPartition, int]:
         return {tp: self.ends[tp] for tp in tps}

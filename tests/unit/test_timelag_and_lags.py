@@ -17,6 +17,8 @@ from kwatermark.reader import Decoders
 from kwatermark.watermarks import TimeLag, make_generator
 from tests.unit.test_progress_model import TOPIC, FakeBroker, read_task
 
+pytestmark = pytest.mark.usefixtures("brokers_answer")
+
 BASE = {"kafka.bootstrap.servers": "fake:9092", "subscribe": "events"}
 T0 = 1_800_000_000_000
 
