@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ from kwatermark.offsets import (
     plan_splits,
     rate_limit,
     read_densities,
-    task_columns,
 )
 from kwatermark.options import EARLIEST, LATEST, OffsetBound, SourceOptions
 from kwatermark.pack import PackReader
@@ -176,10 +174,6 @@ class BatchPlanner:
         # query.
         self._readied_from: BatchOffset | None = None
         self._plans_clock: bool | None = None   # the generator takes the planning time
-        # The thread planning the tasks of the offset latest_offset returned (ready_tasks),
-        # and the columns of that offset's packs it made (offset, one per pack).
-        self._readying: threading.Thread | None = None
-        self._columns: tuple[BatchOffset, list] | None = None
         self._target: dict[TopicPartition, int] | None = None
         self._last_trigger_ms: int | None = None
         # Whether this run has planned a batch yet: see the heartbeat in latest_offset.
@@ -201,8 +195,7 @@ class BatchPlanner:
         state.update(_policy=None, _folded=None, _tasks=None, _keys=None, latest_seen={},
                      _announced=set(), _known=[], _may_hold=None, _marks={}, _topic_ids={},
                      _behind_since={}, _snapshot_mark=None, _offset_marks=None,
-                     _start_marks=None, _start_limits=None, _readied_from=None,
-                     _readying=None, _columns=None)
+                     _start_marks=None, _start_limits=None, _readied_from=None)
         return state
 
     def offset(self, data: object) -> BatchOffset:
@@ -340,7 +333,6 @@ class BatchPlanner:
 
     def latest_offset(self, start: BatchOffset, limits: ReadLimits) -> BatchOffset | None:
         """The next batch's end offset, or None when there is nothing new to read."""
-        self._join_readying()
         self._marks = {}
         # The topics and the end offsets of the partitions read so far, asked on threads
         # while the last batch is folded: the brokers answer during Python's work.
@@ -734,7 +726,6 @@ class BatchPlanner:
         """``offset``'s tasks and their packs, computed once per offset: Spark planning the
         batch (``packed_tasks``) and the next planning folding it (``fold``) hand over the
         same offset object (``offset`` parses each JSON once). Callers do not change them."""
-        self._join_readying()
         if self._tasks is None or self._tasks[0] is not offset:
             tasks = self._plan_tasks(offset)
             self._tasks = (offset, tasks, self._packs(tasks))
@@ -779,7 +770,6 @@ class BatchPlanner:
         tasks write their packs' records under them, the next planning's ``fold`` finds
         them there. All None when no pack holds more than one range (each range's record
         has its own key)."""
-        self._join_readying()
         if self._keys is None or self._keys[0] is not offset:
             packs = self._tasks_and_packs(offset)[1]
             keys: list[str | None] = [None] * len(packs)
@@ -789,43 +779,6 @@ class BatchPlanner:
                 keys = pack_keys(self._json_of(offset), self.fingerprint, packing, len(packs))
             self._keys = (offset, keys)
         return self._keys[1]
-
-    def ready_tasks(self, offset: BatchOffset) -> None:
-        """Plan ``offset``'s tasks, their packs, keys and columns on a thread: Spark writes a
-        planned batch to its offset log (``walCommit``, ~30 ms) before it asks for them
-        (``packed_tasks``, ``pack_keys``, ``pack_columns``), and its planning process
-        waits meanwhile (~8 ms of a 4,096-partition batch taken off its critical path).
-        Every call of the planner waits for the thread first; what fails on it is planned
-        again, and raises, where asked."""
-        self._join_readying()
-        self._readying = threading.Thread(target=self._ready, args=(offset,), daemon=True,
-                                          name="kwatermark-tasks")
-        self._readying.start()
-
-    def _ready(self, offset: BatchOffset) -> None:
-        # First the planning call returns and Spark's runner sends its answer: a thread
-        # that took the GIL at once would keep it for Python's switch interval (5 ms).
-        time.sleep(0.001)
-        try:
-            packs = self._tasks_and_packs(offset)[1]
-            self.pack_keys(offset)
-            self._columns = (offset, [task_columns(pack) for pack in packs])
-        except Exception:   # planned again, and raised, where asked
-            log.debug("planning the tasks ahead failed; they are planned when asked",
-                      exc_info=True)
-
-    def _join_readying(self) -> None:
-        thread = self._readying
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-            self._readying = None
-
-    def pack_columns(self, offset: BatchOffset) -> list | None:
-        """``offsets.task_columns`` of each of ``packed_tasks(offset)``, as ``ready_tasks``
-        made them; None if it did not."""
-        self._join_readying()
-        known = self._columns
-        return known[1] if known is not None and known[0] is offset else None
 
     def _json_of(self, offset: BatchOffset) -> dict:
         """The JSON Spark logged for ``offset`` (the dict it came from, or the one written
@@ -940,7 +893,6 @@ class BatchPlanner:
         run looks in every partition's directory (records of an earlier run); later ones only
         where this run's tasks or recomputes wrote since, not in thousands of directories
         that hold nothing."""
-        self._join_readying()
         look = (end.partitions if self._may_hold is None
                 else [tp for tp in self._may_hold if tp in end.partitions])
         holding = set()

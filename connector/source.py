@@ -186,15 +186,12 @@ class RangePartition(InputPartition):
     the key of the pack's records (``BatchPlanner.pack_keys``)."""
 
     def __init__(self, tasks: tuple[RangeTask, ...], publish: bool = False,
-                 ledger_mark: str | None = None, ledger_key: str | None = None,
-                 columns: tuple | None = None):
+                 ledger_mark: str | None = None, ledger_key: str | None = None):
         super().__init__(tasks)
         self.tasks = tasks
         self.publish = publish
         self.ledger_mark = ledger_mark
         self.ledger_key = ledger_key
-        # task_columns(tasks), made beforehand (BatchPlanner.ready_tasks); None: when pickled
-        self._columns = columns
 
     def __reduce__(self) -> tuple:
         # Spark's runner pickles each partition with cloudpickle, whose Python-level
@@ -205,8 +202,7 @@ class RangePartition(InputPartition):
         values = dict(self.__dict__)
         tasks = values.pop("tasks")
         values.pop("value", None)   # InputPartition's: the tasks again
-        columns = values.pop("_columns", None) or task_columns(tasks)
-        return _unpickled_partition, (pickle.dumps((values, columns),
+        return _unpickled_partition, (pickle.dumps((values, task_columns(tasks)),
                                                    pickle.HIGHEST_PROTOCOL),)
 
 
@@ -218,7 +214,7 @@ def _unpickled_partition(data: bytes) -> RangePartition:
         values, columns = pickle.loads(data)
         tasks = tasks_of_columns(columns)
     partition = RangePartition.__new__(RangePartition)
-    partition.__dict__.update(values, tasks=tasks, value=tasks, _columns=None)
+    partition.__dict__.update(values, tasks=tasks, value=tasks)
     return partition
 
 
@@ -388,9 +384,6 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._next_start: dict | None = None
         self._warned_single_batch = False
         self._reported: tuple[dict, dict] | None = None   # reportLatestOffset's last answer
-        # The batch latestOffset planned, whose tasks reportLatestOffset (Spark's next call)
-        # has planned on a thread (BatchPlanner.ready_tasks).
-        self._to_ready = None
 
     @_cause_first
     @_planning_call
@@ -414,8 +407,6 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     @_cause_first
     @_planning_call
     def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
-        self._to_ready = None
-        old_spark = start is None
         if start is None:  # pyspark < 4.2: neither start nor read limit (DESIGN §23)
             start = self._next_start if self._next_start is not None else self.initialOffset()
             limits = self._own_limits()
@@ -427,18 +418,7 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if isinstance(limit, ReadMaxRows):
                 limits = ReadLimits(max_rows=limit.max_rows, respect_minimum=True)
         end = self.planner.latest_offset(self.planner.offset(start), limits)
-        if end is None:
-            return start
-        data = self.planner.offset_json(end)
-        if not end.heartbeat:
-            # Its tasks are planned while Spark logs the batch: from reportLatestOffset,
-            # which Spark calls first (a thread started now would hold the GIL through it),
-            # or now where Spark never calls it.
-            if old_spark:
-                self.planner.ready_tasks(end)
-            else:
-                self._to_ready = end
-        return data
+        return start if end is None else self.planner.offset_json(end)
 
     def _own_limits(self) -> ReadLimits:
         """Spark < 4.2 passes no read limit: the source applies its own, as 4.2 does under a
@@ -468,13 +448,6 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Each partition's end offset at the last trigger, in the shape of Spark's Kafka
         source (``{"topic": {"0": 42}}``): ``latestOffset`` in the query progress. Spark calls
         it right after ``latestOffset`` (pyspark >= 4.2; older ones never call it)."""
-        answer = self._latest_report()
-        if self._to_ready is not None:
-            self.planner.ready_tasks(self._to_ready)   # on a thread, once this call returns
-            self._to_ready = None
-        return answer
-
-    def _latest_report(self) -> dict | None:
         seen = self.planner.latest_seen
         if not seen:
             return None
@@ -498,9 +471,7 @@ class KWatermarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         mark = self.planner.ledger.driver_mark()
         packs = self.planner.packed_tasks(offset)
         keys = self.planner.pack_keys(offset)
-        columns = self.planner.pack_columns(offset) or [None] * len(packs)
-        return [RangePartition(tasks, True, mark, key, made)
-                for tasks, key, made in zip(packs, keys, columns)]
+        return [RangePartition(tasks, True, mark, key) for tasks, key in zip(packs, keys)]
 
     def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
         return _cause_first_rows(
