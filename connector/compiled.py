@@ -172,6 +172,14 @@ if ffi is not None:
                                 ffi.string(name).decode(errors="replace"),
                                 ffi.string(buf).decode(errors="replace"))
 
+def _partition_arrays(tps: list[tuple[str, int]]) -> tuple[dict, object, object]:
+    """``kw_offsets``' topic and partition arrays for ``tps``, and the topic names' C strings
+    they point into (kept alive with them)."""
+    names = {topic: ffi.new("char[]", topic.encode()) for topic in {t for t, _ in tps}}
+    return (names, ffi.new("char *[]", [names[t] for t, _ in tps]),
+            ffi.new("int32_t[]", [p for _, p in tps]))
+
+
 class _Client:
     """One librdkafka consumer handle of the extension; ``offsets_for_times`` answers as
     confluent-kafka's ``Consumer`` does, so ``consumer.partition_bounds`` serves both."""
@@ -201,14 +209,11 @@ class _Client:
         """As confluent-kafka's, asked ``chunk`` partitions a request (all at once: 0), in C
         (``kw_offsets``) without the GIL."""
         n = len(tps)
-        names = {topic: ffi.new("char[]", topic.encode()) for topic in {tp.topic for tp in tps}}
+        # the names stay referenced (alive) until the call returns
+        _names, topics, partitions = _partition_arrays([(tp.topic, tp.partition) for tp in tps])
         offsets = ffi.new("int64_t[]", [tp.offset for tp in tps])
         errors = ffi.new("int32_t[]", n)
-        code = lib.kw_offsets(self.handle, ffi.new("char *[]", [names[tp.topic] for tp in tps]),
-                              ffi.new("int32_t[]", [tp.partition for tp in tps]), offsets,
-                              errors, n, chunk, int(timeout * 1000))
-        if code:
-            raise KafkaException(KafkaError(code))
+        self._offsets(topics, partitions, offsets, errors, n, chunk, timeout)
         found = np.frombuffer(ffi.buffer(offsets), dtype=np.int64).tolist()
         failed = np.frombuffer(ffi.buffer(errors), dtype=np.int32)
         # confluent-kafka's TopicPartition where it answered (made in C), a stand-in with
@@ -229,23 +234,24 @@ class _Client:
         last batch, and Python work before the call waits for the GIL there."""
         known = self._asked
         if known is None or known[0] != tps:
-            names = {topic: ffi.new("char[]", topic.encode()) for topic in {t for t, _ in tps}}
-            known = self._asked = (list(tps), names,
-                                   ffi.new("char *[]", [names[t] for t, _ in tps]),
-                                   ffi.new("int32_t[]", [p for _, p in tps]))
+            known = self._asked = (list(tps), *_partition_arrays(tps))
         n = len(tps)
         offsets = ffi.new("int64_t[]", n)
         asked = np.frombuffer(ffi.buffer(offsets), dtype=np.int64)
         asked[:] = which
         errors = ffi.new("int32_t[]", n)
-        code = lib.kw_offsets(self.handle, known[2], known[3], offsets, errors, n, chunk,
-                              int(timeout * 1000))
-        if code:
-            raise KafkaException(KafkaError(code))
+        self._offsets(known[2], known[3], offsets, errors, n, chunk, timeout)
         clean = (np.frombuffer(ffi.buffer(errors), dtype=np.int32) == 0) & (asked >= 0)
         if clean.all():
             return dict(zip(known[0], asked.tolist()))
         return {tps[i]: int(asked[i]) for i in np.flatnonzero(clean).tolist()}
+
+    def _offsets(self, topics, partitions, offsets, errors, n: int, chunk: int,
+                 timeout: float) -> None:
+        code = lib.kw_offsets(self.handle, topics, partitions, offsets, errors, n, chunk,
+                              int(timeout * 1000))
+        if code:
+            raise KafkaException(KafkaError(code))
 
     def partition_count(self, topic: str, timeout: float) -> int:
         """How many partitions ``topic`` has, as the brokers say now; an error (a topic
