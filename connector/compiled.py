@@ -41,10 +41,12 @@ from kwatermark.consumer import (
 )
 from kwatermark.errors import BrokerError, KWatermarkError, OptionError
 from kwatermark.faults import fault_point, faults_armed
+from kwatermark.ledger import record_columns
+from kwatermark.offsets import TaskColumns
 from kwatermark.options import SourceOptions
 from kwatermark.range_end import Stall, advance, done
 from kwatermark.rdkafka_log import librdkafka_logger
-from kwatermark.reader import Computed, RangeColumns, RangeReader
+from kwatermark.reader import Computed, Decoders, RangeColumns, RangeReader, ranges_at_once
 from kwatermark.records import RecordBlock
 from kwatermark.retries import transient
 from kwatermark.security import refusal_hint
@@ -398,76 +400,105 @@ def offsets_client(options: SourceOptions, conf: dict, owner: object) -> _Client
     return client
 
 class CompiledReader:
-    """Read the ranges of ``readers`` (a task's, DESIGN §12: one or many) with one compiled
-    consumer; each range's ``RangeReader`` computes its blocks and keeps its progress.
+    """Read the ranges of a task (``tasks``, DESIGN §12: one or many) with one compiled
+    consumer. Where ``reader.ranges_at_once`` holds, the ranges are computed together as
+    columns (``RangeColumns``) from their first block to their last and ``records`` comes
+    from those columns: no object a range; else each range's ``RangeReader`` computes its
+    blocks and makes its progress record. A range's ``RangeReader`` is made where an error
+    or a check names the range (``reader(row)``). ``records``, the ranges' progress records
+    as columns (``ProgressLedger.publish_pack``), is set once every range is read.
 
-    >>> for batch in CompiledReader(options, layout, readers).read(): ...  # doctest: +SKIP
+    >>> for parts in CompiledReader(options, layout, decoders, tasks).read(): ...  # doctest: +SKIP
     """
 
-    def __init__(self, options: SourceOptions, layout: arrow.OutputLayout,
-                 readers: list[RangeReader]):
+    def __init__(self, options: SourceOptions, layout: arrow.OutputLayout, decoders: Decoders,
+                 tasks: TaskColumns):
         self.options = options
         self.layout = layout
-        self.readers = readers
+        self.decoders = decoders
+        self.tasks = tasks
+        self.records: dict[str, list] | None = None
+        self._readers: dict[int, RangeReader] = {}
+        self._columns = (RangeColumns(options, tasks) if ranges_at_once(options, decoders)
+                         else None)
         self._client: _Client | None = None
         self._checked: set[tuple[str, int]] = set()   # partitions whose bounds were asked
 
+    def reader(self, row: int) -> RangeReader:
+        """The ``RangeReader`` of the task's ``row``-th range, made the first time."""
+        made = self._readers.get(row)
+        if made is None:
+            made = self._readers[row] = RangeReader(self.options, self.layout, self.decoders,
+                                                    self.tasks.task(row))
+        return made
+
     def read(self) -> Iterator[list]:
         """Yields lists of ``(block, computed)`` parts, each ready to assemble."""
-        reading = [r for r in self.readers if r.task.end > r.task.start]
+        tasks = self.tasks
+        reading = [row for row, (start, end) in enumerate(zip(tasks.start, tasks.end))
+                   if end > start]
         planned: dict[tuple[str, int], int] = {}
-        for r in reading:
-            planned[r.task.tp] = planned.get(r.task.tp, 0) + r.task.end - r.task.start
-        if not planned:
-            return
-        many = len(planned) > MANY_PARTITIONS
-        longest = max(planned.values())
-        conf = task_conf(self.options, max(longest, MANY_PREFETCH) if many else longest,
-                         len(planned))
-        conf.pop("logger", None)   # the extension logs to the same logger itself
-        if not self.options.group_id:
-            conf.pop("group.id", None)   # the legacy API needs none; no commits, no group
-        client = _clients.take(conf, self.layout.include_headers,
-                               self.options.records_per_batch(True))
-        try:
-            yield from self._read(client, reading, park=many)
-        except BaseException:   # a failure, or Spark stopping early: a consumer of its own
-            client.close(stop=not many)
-            raise
-        _clients.give_back(client, parked=many)
+        for row in reading:
+            tp = (tasks.topic[row], tasks.partition[row])
+            planned[tp] = planned.get(tp, 0) + tasks.end[row] - tasks.start[row]
+        if planned:
+            many = len(planned) > MANY_PARTITIONS
+            longest = max(planned.values())
+            conf = task_conf(self.options, max(longest, MANY_PREFETCH) if many else longest,
+                             len(planned))
+            conf.pop("logger", None)   # the extension logs to the same logger itself
+            if not self.options.group_id:
+                conf.pop("group.id", None)   # the legacy API needs none; no commits, no group
+            client = _clients.take(conf, self.layout.include_headers,
+                                   self.options.records_per_batch(True))
+            try:
+                yield from self._read(client, reading, park=many)
+            except BaseException:   # a failure, or Spark stopping early: a consumer of its own
+                client.close(stop=not many)
+                raise
+            _clients.give_back(client, parked=many)
+        if self._columns is not None:
+            self.records = self._columns.records()
+        else:
+            self.records = record_columns([self.reader(row)._progress()
+                                           for row in range(len(tasks))])
 
-    def _read(self, client: _Client, reading: list[RangeReader], park: bool = False
+    def _read(self, client: _Client, reading: list[int], park: bool = False
               ) -> Iterator[list]:
         # No offsets asked before reading: a range starts fetching at its planned start, and
         # a partition's earliest and end offsets are asked only when its answers say records
         # are missing (_check_bounds). Asked up front, they held every task's first fetch
         # for a ListOffsets round trip; a 4,096-range task spent 0.2-0.5 s in them.
         self._client = client
-        by_tp: dict[tuple[str, int], list[RangeReader]] = {}
-        for reader in reading:   # a partition's lanes side by side (kw_start, lane_of)
-            by_tp.setdefault(reader.task.tp, []).append(reader)
+        tasks = self.tasks
+        by_tp: dict[tuple[str, int], list[int]] = {}
+        for row in reading:   # a partition's lanes side by side (kw_start, lane_of)
+            by_tp.setdefault((tasks.topic[row], tasks.partition[row]), []).append(row)
         handle = client.handle
-        added: list[tuple[int, RangeReader]] = []
-        for (topic, partition), readers in by_tp.items():
-            for reader in readers:
-                index = lib.kw_add_lane(handle, topic.encode(), partition, reader.task.start,
-                                        reader.task.end)
+        names = {topic: topic.encode() for topic, _ in by_tp}
+        added: list[tuple[int, int, tuple[str, int]]] = []
+        for tp, rows in by_tp.items():
+            name, partition = names[tp[0]], tp[1]
+            for row in rows:
+                index = lib.kw_add_lane(handle, name, partition, tasks.start[row],
+                                        tasks.end[row])
                 if index < 0:
-                    raise KWatermarkError(f"topic {topic}: the compiled reader cannot open it")
-                added.append((index, reader))
+                    raise KWatermarkError(f"topic {tp[0]}: the compiled reader cannot open it")
+                added.append((index, row, tp))
         # Each lane's address only once every lane is added: adding one may move them all
         # (kw_add_lane grows the array). Taken earlier, the first 8 lanes of a pack of more
         # than 8 ranges pointed into freed memory and their ranges ended unread.
         armed = faults_armed()
-        lanes = [_Lane(index, reader, lib.kw_lane_at(handle, index), armed)
-                 for index, reader in added]
+        lanes = [_Lane(index, row, tp, lib.kw_lane_at(handle, index), self,
+                       fault_point(tasks.task(row)) if armed else None)
+                 for index, row, tp in added]
         if park:
-            client.learn_topics({topic for topic, _ in by_tp})
+            client.learn_topics(set(names))
         err = ffi.new("char[]", ERROR_TEXT)
         if lib.kw_start(handle, int(park), err, ERROR_TEXT) != 0:
             first = lanes[0]
-            raise BrokerError(f"topic {first.reader.task.topic}, partition "
-                              f"{first.reader.task.partition}, offset {first.c.position}: "
+            raise BrokerError(f"topic {first.tp[0]}, partition {first.tp[1]}, offset "
+                              f"{first.c.position}: "
                               f"{ffi.string(err).decode(errors='replace')}")
         by_index = {lane.index: lane for lane in lanes}
         # The open lanes' indexes, in lane order: the extension scans them after each poll
@@ -477,14 +508,12 @@ class CompiledReader:
         ready_ids = ffi.new("int32_t[]", n_open)
         left = ffi.new("int64_t *")
         # Where every range allows it, the ranges are computed together from the first block
-        # to the last (RangeColumns, by row; a lane's row from its index), their states
-        # handed back to their readers at the end.
-        together = all(lane.reader.at_once for lane in lanes)
-        columns = row_of = None
-        if together:
-            columns = RangeColumns([lane.reader for lane in lanes])
-            row_of = np.empty(max(lane.index for lane in lanes) + 1, dtype=np.int64)
-            row_of[[lane.index for lane in lanes]] = np.arange(len(lanes))
+        # to the last (RangeColumns, by the task's row; a lane's row from its index).
+        columns = self._columns
+        row_of = None
+        if columns is not None:
+            row_of = np.empty(max(index for index, _, _ in added) + 1, dtype=np.int64)
+            row_of[[index for index, _, _ in added]] = [row for _, row, _ in added]
         faulty = [lane for lane in lanes if lane.fault is not None]
         size = self.options.records_per_batch(True)
         stall = Stall(self.options.poll_timeout_ms / 1000.0, time.monotonic())
@@ -493,7 +522,7 @@ class CompiledReader:
         ready: list = []
         ready_rows = 0
         was_short = False
-        remaining = sum(lane.c.end - lane.c.position for lane in lanes)
+        remaining = sum(tasks.end[row] - tasks.start[row] for row in reading)
         while n_open:
             asked = max(1, min(MAX_CONSUME, size, remaining))
             wait_ms = int(stall.wait_s(time.monotonic()) * 1000)
@@ -520,7 +549,7 @@ class CompiledReader:
             if time.monotonic() - stall.last >= BOUNDS_AFTER_S:
                 unchecked = [lane for lane in _listed(by_index, open_ids, n_open)
                              if not done(lane.c.position, lane.c.end)
-                             and lane.reader.task.tp not in self._checked]
+                             and lane.tp not in self._checked]
                 if unchecked:   # a partition gone, its records gone, or every broker down?
                     self._check_bounds(handle, unchecked)
             if not stop_done and time.monotonic() - began >= STOP_AFTER_S:
@@ -542,8 +571,6 @@ class CompiledReader:
                 ready, ready_rows = [], 0
             if faulty:
                 self._trip_faults(faulty)
-        if columns is not None:
-            columns.settle()
 
     def _take(self, handle, lanes: list[_Lane], columns: RangeColumns | None,
               row_of: np.ndarray | None, size: int) -> Iterator[tuple[RecordBlock, Computed]]:
@@ -602,7 +629,7 @@ class CompiledReader:
     @staticmethod
     def _open(lanes: list[_Lane], first: _Lane) -> list[_Lane]:
         """The ranges of ``first``'s partition not done, from ``first`` on."""
-        return [lane for lane in lanes if lane.reader.task.tp == first.reader.task.tp
+        return [lane for lane in lanes if lane.tp == first.tp
                 and lane.index >= first.index and not done(lane.c.position, lane.c.end)]
 
     def _check_bounds(self, handle, lanes: list[_Lane]) -> None:
@@ -610,13 +637,13 @@ class CompiledReader:
         cut the ranges to them (``RangeReader._check_range``: data loss, or a warning and
         the rest read under ``failOnDataLoss=false``); a partition whose first open range
         now starts elsewhere is fetched again from there."""
-        tasks = {lane.reader.task.tp: lane.reader.task for lane in lanes}
+        tasks = {lane.tp: lane.reader.task for lane in lanes}
         self._checked.update(tasks)
         bounds = partition_bounds(self._client, self.options, list(tasks.values()))
         before = _first_open(lanes)
         for lane in lanes:
             if not done(lane.c.position, lane.c.end):
-                start, end = lane.reader._check_range(*bounds[lane.reader.task.tp],
+                start, end = lane.reader._check_range(*bounds[lane.tp],
                                                       lane.c.position, lane.c.end)
                 lane.c.end = end
                 lane.c.position = min(start, end)
@@ -650,7 +677,7 @@ class CompiledReader:
         from kwatermark.pack import trip_pack_fault
         for lane in faulty:
             if not done(lane.c.position, lane.c.end) and lane.c.position > lane.fault:
-                trip_pack_fault(self.readers, lane.reader.task)
+                trip_pack_fault(self.tasks.tasks, lane.reader.task)
 
 
 def _listed(by_index: dict[int, _Lane], ids, n: int) -> list[_Lane]:
@@ -669,8 +696,8 @@ def _take_ranges(handle, lanes: list[_Lane], headers: bool, columns: RangeColumn
                          ffi.cast("int64_t *", counts.ctypes.data)) != 0:
         raise MemoryError(f"the compiled reader cannot hold the records of {len(lanes)} "
                           f"ranges in one block")
-    first = lanes[0].reader.task
-    block = _block(out, first.topic, first.partition, headers)
+    topic, partition = lanes[0].tp
+    block = _block(out, topic, partition, headers)
     rows = row_of[indexes]
     block.placed = columns.placed(rows, counts)
     return block, columns.compute(rows, block, counts)
@@ -681,24 +708,35 @@ def _first_open(lanes: list[_Lane]) -> dict[tuple[str, int], _Lane]:
     first: dict[tuple[str, int], _Lane] = {}
     for lane in lanes:
         if not done(lane.c.position, lane.c.end):
-            first.setdefault(lane.reader.task.tp, lane)
+            first.setdefault(lane.tp, lane)
     return first
 
 
 class _Lane:
-    """One range being read: its reader and the extension's lane (``kw_lane``)."""
+    """One range being read: the extension's lane (``kw_lane``) and the range's row in its
+    task; its ``RangeReader`` is its reader's (``CompiledReader.reader``), made where it is
+    needed."""
 
-    def __init__(self, index: int, reader: RangeReader, c, armed: bool = True):
+    __slots__ = ("_owner", "c", "fault", "index", "row", "tp")
+
+    def __init__(self, index: int, row: int, tp: tuple[str, int], c, owner: CompiledReader,
+                 fault: int | None = None):
         self.index = index
-        self.reader = reader
+        self.row = row
+        self.tp = tp
         self.c = c
-        self.fault = fault_point(reader.task) if armed else None
+        self.fault = fault
+        self._owner = owner
+
+    @property
+    def reader(self) -> RangeReader:
+        return self._owner.reader(self.row)
 
     def take(self, handle, headers: bool) -> RecordBlock:
         """The lane's records so far as a block, its buffers now owned by Arrow/numpy."""
         out = ffi.new("kw_lane *")
         lib.kw_take(handle, self.index, out)
-        return _block(out, self.reader.task.topic, self.reader.task.partition, headers)
+        return _block(out, self.tp[0], self.tp[1], headers)
 
 
 def _block(out, topic: str, partition: int, headers: bool) -> RecordBlock:

@@ -20,7 +20,7 @@ from operator import attrgetter
 import pyarrow.fs as pafs
 
 from kwatermark.errors import OptionError
-from kwatermark.offsets import PartitionState, RangeTask
+from kwatermark.offsets import PartitionState, RangeTask, TaskColumns
 
 log = logging.getLogger("kwatermark.ledger")
 
@@ -58,7 +58,7 @@ def new_record(generator: object, count: int, min_event_ms: int | None,
     return record
 
 
-def _records_of(columns: dict) -> list[ProgressRecord]:
+def records_of_columns(columns: dict) -> list[ProgressRecord]:
     """A pack file's records from its columns, without the frozen dataclass's ``__init__``
     (five ``object.__setattr__`` each): the driver reads thousands per planning."""
     records = []
@@ -69,7 +69,8 @@ def _records_of(columns: dict) -> list[ProgressRecord]:
     return records
 
 
-def _columns_of(records: list[ProgressRecord]) -> dict[str, list]:
+def record_columns(records: list[ProgressRecord]) -> dict[str, list]:
+    """``records`` as a pack file holds them: a list per field, one value a record."""
     return {name: [getattr(record, name) for record in records] for name in _RECORD_FIELDS}
 
 
@@ -142,22 +143,22 @@ def _ranges_of(tasks: tuple[RangeTask, ...]) -> list[list]:
     return [[task.topic, task.partition, task.start, task.end] for task in tasks]
 
 
-def _range_columns(tasks: tuple[RangeTask, ...]) -> dict[str, object]:
+def _range_columns(topics: list[str], partitions: list[int], starts: list[int],
+                   ends: list[int]) -> dict[str, object]:
     """A pack's ranges as its file names them: a column per field, the topic once when the
     pack reads one topic. A list a range made the driver's fold at 4,096 ranges parse and
     build 4,096 lists, then as many again to compare them (bench/README.md, "Fewer objects,
     and none walked again")."""
-    topics = [task.topic for task in tasks]
     return {"topic": topics[0] if topics.count(topics[0]) == len(topics) else topics,
-            "partition": [task.partition for task in tasks],
-            "from": [task.start for task in tasks], "to": [task.end for task in tasks]}
+            "partition": partitions, "from": starts, "to": ends}
 
 
 def _names_ranges(named: object, tasks: tuple[RangeTask, ...]) -> bool:
     """Whether a pack file's ``at`` (either layout) names exactly ``tasks``, in order."""
     if isinstance(named, list):
         return named == _ranges_of(tasks)
-    return named == _range_columns(tasks)
+    return named == _range_columns([t.topic for t in tasks], [t.partition for t in tasks],
+                                   [t.start for t in tasks], [t.end for t in tasks])
 
 
 class ProgressLedger:
@@ -204,27 +205,28 @@ class ProgressLedger:
         return (f"{self._dir(task)}/{task.start:020d}-{task.end:020d}-"
                 f"{record_key(task, fingerprint)}.json")
 
-    def _pack_path(self, tasks: tuple[RangeTask, ...], key: str) -> str:
+    def _pack_path(self, first: RangeTask, key: str) -> str:
         # Named like its first range's record (``forget_before`` reads the end offset from
         # the name): it is deleted once that partition has moved past the first range, when
         # every range of the pack, all from the same batch, is behind its partition's start.
-        first = tasks[0]
         return f"{self._dir(first)}/{first.start:020d}-{first.end:020d}-{key}.pack.json"
 
     def publish(self, task: RangeTask, fingerprint: dict, record: ProgressRecord) -> None:
         self._write(task, self._path(task, fingerprint), record.to_json())
 
-    def publish_pack(self, tasks: tuple[RangeTask, ...], fingerprint: dict,
-                     records: list[ProgressRecord], key: str | None = None) -> None:
-        """The records of a pack's ranges, in the pack's order, as one file under ``key``
-        (:func:`pack_keys`; :func:`pack_key` when None); a pack of one range writes that
-        range's record. The file names its ranges and holds the records as columns."""
+    def publish_pack(self, tasks: TaskColumns, fingerprint: dict, records: dict[str, list],
+                     key: str | None = None) -> None:
+        """The records of a pack's ranges (``records``: a list per ``ProgressRecord`` field,
+        one value a range, in the pack's order) as one file under ``key`` (:func:`pack_keys`;
+        :func:`pack_key` when None); a pack of one range writes that range's record. The file
+        names its ranges and holds the records as columns."""
         if len(tasks) == 1:
-            self.publish(tasks[0], fingerprint, records[0])
+            self.publish(tasks.task(0), fingerprint, records_of_columns(records)[0])
             return
-        columns = _columns_of(records)
-        self._write(tasks[0], self._pack_path(tasks, key or pack_key(tasks, fingerprint)),
-                    {"at": _range_columns(tasks), "records": columns})
+        first = tasks.task(0)
+        at = _range_columns(tasks.topic, tasks.partition, tasks.start, tasks.end)
+        self._write(first, self._pack_path(first, key or pack_key(tasks.tasks, fingerprint)),
+                    {"at": at, "records": records})
 
     def _write(self, first: RangeTask, path: str, content: dict) -> None:
         fs, _ = self._filesystem()
@@ -287,20 +289,19 @@ class ProgressLedger:
                         self.location, exc)
             return False
 
-    def offer_pack(self, tasks: tuple[RangeTask, ...], fingerprint: dict,
-                   records: list[ProgressRecord], key: str | None = None) -> bool:
-        """``offer`` for the ranges of one Spark task."""
+    def offer_pack(self, tasks: TaskColumns, fingerprint: dict, records: dict[str, list],
+                   key: str | None = None) -> bool:
+        """``offer`` for the ranges of one Spark task (``publish_pack``'s arguments)."""
         if len(tasks) == 1:
-            return self.offer(tasks[0], fingerprint, records[0])
+            return self.offer(tasks.task(0), fingerprint, records_of_columns(records)[0])
         try:
             self.publish_pack(tasks, fingerprint, records, key)
             return True
         except (OSError, OptionError) as exc:
-            first = tasks[0]
             log.warning("cannot write the progress records of %d ranges (topic %s partition "
                         "%s offsets [%d, %d) and %d more) to watermark.stateLocation=%s "
-                        "(%s); the driver will recompute them", len(tasks), first.topic,
-                        first.partition, first.start, first.end, len(tasks) - 1,
+                        "(%s); the driver will recompute them", len(tasks), tasks.topic[0],
+                        tasks.partition[0], tasks.start[0], tasks.end[0], len(tasks) - 1,
                         self.location, exc)
             return False
 
@@ -318,7 +319,7 @@ class ProgressLedger:
         before pack_keys, whose tasks may have run just before an upgrade) is looked for
         when there is none under ``key``."""
         columns = self.lookup_pack_columns(tasks, fingerprint, key)
-        return None if columns is None else _records_of(columns)
+        return None if columns is None else records_of_columns(columns)
 
     def lookup_pack_columns(self, tasks: tuple[RangeTask, ...], fingerprint: dict,
                             key: str | None = None) -> dict[str, list] | None:
@@ -326,17 +327,17 @@ class ProgressLedger:
         value a range (the driver's fold reads them so, without a record object a range)."""
         if len(tasks) == 1:
             record = self.lookup(tasks[0], fingerprint)
-            return None if record is None else _columns_of([record])
-        path = self._pack_path(tasks, key or pack_key(tasks, fingerprint))
+            return None if record is None else record_columns([record])
+        path = self._pack_path(tasks[0], key or pack_key(tasks, fingerprint))
         data = self._read(path)
         if data is None and key is not None:
-            path = self._pack_path(tasks, pack_key(tasks, fingerprint))
+            path = self._pack_path(tasks[0], pack_key(tasks, fingerprint))
             data = self._read(path)
         if data is None:
             return None
         try:
             if "ranges" in data:   # before pack_keys: a list of records, keyed by its ranges
-                columns = _columns_of([ProgressRecord.from_json(r) for r in data["ranges"]])
+                columns = record_columns([ProgressRecord.from_json(r) for r in data["ranges"]])
             elif not _names_ranges(data["at"], tasks):
                 return self._unreadable(path, "written for other ranges")
             else:

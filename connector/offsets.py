@@ -456,6 +456,47 @@ def tasks_of_columns(columns: tuple[list[list], list[list]]) -> tuple[RangeTask,
     return tuple(tasks)
 
 
+class TaskColumns:
+    """The ranges of one Spark task as columns (:func:`task_columns`' lists): what a task of
+    thousands of ranges reads by (``kwatermark.compiled``, ``reader.RangeColumns``) and
+    publishes (``ProgressLedger.offer_pack``) without a ``RangeTask`` and a
+    ``PartitionState`` object a range; ``tasks`` builds those, once, where one is needed
+    (the Python engine, an error that names a range).
+
+    A RangeTask field is a list by its own name (``columns.start[i]``), a PartitionState
+    field by its name in ``state`` (``columns.state["generator"][i]``)."""
+
+    def __init__(self, columns: tuple[list[list], list[list]],
+                 tasks: tuple[RangeTask, ...] | None = None):
+        self.raw = columns
+        task_values, state_values = columns
+        for name, values in zip(_TASK_NAMES, task_values):
+            setattr(self, name, values)
+        self.state = dict(zip(_STATE_ORDER, state_values))
+        self._tasks = tasks
+
+    @classmethod
+    def of(cls, tasks: tuple[RangeTask, ...]) -> TaskColumns:
+        return cls(task_columns(tasks), tuple(tasks))
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    @property
+    def tasks(self) -> tuple[RangeTask, ...]:
+        if self._tasks is None:
+            self._tasks = tasks_of_columns(self.raw)
+        return self._tasks
+
+    def task(self, row: int) -> RangeTask:
+        """The ``row``-th range as a RangeTask (built alone when ``tasks`` is not)."""
+        if self._tasks is not None:
+            return self._tasks[row]
+        task_values, state_values = self.raw
+        return tasks_of_columns(([[v[row]] for v in task_values],
+                                 [[v[row]] for v in state_values]))[0]
+
+
 def split_range(start: int, end: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` contiguous, nearly equal sub-ranges of ``[start, end)``."""
     parts = max(1, min(parts, end - start))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -23,8 +23,8 @@ from kwatermark.consumer import (
 )
 from kwatermark.errors import BrokerError
 from kwatermark.faults import FAULT_ENV, fault_point, trip_fault
-from kwatermark.ledger import ProgressRecord
-from kwatermark.offsets import RangeTask
+from kwatermark.ledger import ProgressRecord, record_columns, records_of_columns
+from kwatermark.offsets import RangeTask, TaskColumns
 from kwatermark.options import SourceOptions
 from kwatermark.range_end import Stall, advance, done, short
 from kwatermark.reader import Computed, Decoders, RangeReader, assemble, header_pairs
@@ -66,37 +66,52 @@ class PackReader:
     """Iterate the Arrow batches of several ranges (one Spark task, DESIGN §12) with one
     consumer assigned to all of their partitions, so one fetch serves them all.
 
-    Each range keeps its own ``RangeReader``: its own start state, rows and progress record,
+    The compiled engine reads the ranges as columns (``CompiledReader``). The Python engine
+    gives each range its own ``RangeReader``: its own start state, rows and progress record,
     exactly as if it were a task of its own; a single range is read by its ``RangeReader``
-    alone. ``progress`` lists ``(task, record)`` pairs once every range is done.
+    alone. ``records`` holds the ranges' progress records as columns (a list per
+    ``ProgressRecord`` field, in the ranges' order) once every range is done, ``progress``
+    the same as ``(task, record)`` pairs.
 
     >>> reader = PackReader(options, layout, decoders, tasks)   # doctest: +SKIP
     >>> for batch in reader: ...
-    >>> for task, record in reader.progress: ledger.publish(task, fingerprint, record)
+    >>> ledger.offer_pack(reader.tasks, fingerprint, reader.records, key)
     """
 
     def __init__(self, options: SourceOptions, layout: arrow.OutputLayout, decoders: Decoders,
-                 tasks: list[RangeTask]):
+                 tasks: Sequence[RangeTask] | TaskColumns):
         self.options = options
         self.layout = layout
-        self.readers = [RangeReader(options, layout, decoders, task) for task in tasks]
-        self.progress: list[tuple[RangeTask, ProgressRecord]] | None = None
+        self.decoders = decoders
+        self.tasks = tasks if isinstance(tasks, TaskColumns) else TaskColumns.of(tuple(tasks))
+        self.schema = arrow.schema_of(layout)
+        self.readers: list[RangeReader] = []
+        self.records: dict[str, list] | None = None
         self._ready: list[tuple[RecordBlock, Computed]] = []
         self._ready_rows = 0
 
+    @property
+    def progress(self) -> list[tuple[RangeTask, ProgressRecord]] | None:
+        if self.records is None:
+            return None
+        return list(zip(self.tasks.tasks, records_of_columns(self.records)))
+
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         if use_compiled(self.options):
-            for parts in CompiledReader(self.options, self.layout, self.readers).read():
-                batch = assemble(self.layout, self.readers[0].schema,
-                                 self.options.late_records, parts)
+            compiled_reader = CompiledReader(self.options, self.layout, self.decoders,
+                                             self.tasks)
+            for parts in compiled_reader.read():
+                batch = assemble(self.layout, self.schema, self.options.late_records, parts)
                 if batch.num_rows:
                     yield batch
-            self.progress = [(r.task, r._progress()) for r in self.readers]
+            self.records = compiled_reader.records
             return
+        self.readers = [RangeReader(self.options, self.layout, self.decoders, task)
+                        for task in self.tasks.tasks]
         if len(self.readers) == 1:
             reader = self.readers[0]
             yield from reader
-            self.progress = [(reader.task, reader.progress)]
+            self.records = record_columns([reader.progress])
             return
         planned: dict[tuple[str, int], int] = {}
         for r in self.readers:
@@ -120,7 +135,7 @@ class PackReader:
                 close_aside(consumer.close)
             else:
                 consumer.close()
-        self.progress = [(r.task, r._progress()) for r in self.readers]
+        self.records = record_columns([r._progress() for r in self.readers])
 
     def _read(self, consumer: Consumer) -> Iterator[pa.RecordBatch]:
         # A partition's sub-ranges (minPartitions) in one pack are contiguous and in offset
@@ -227,8 +242,7 @@ class PackReader:
         ready, self._ready, self._ready_rows = self._ready, [], 0
         if not ready:
             return None
-        batch = assemble(self.layout, self.readers[0].schema, self.options.late_records,
-                         ready)
+        batch = assemble(self.layout, self.schema, self.options.late_records, ready)
         return batch if batch.num_rows else None
 
     @staticmethod
@@ -291,15 +305,14 @@ class PackReader:
         for lane in lanes.values():
             for pending in lane:
                 if pending.fault is not None and pending.position > pending.fault:
-                    trip_pack_fault(self.readers, pending.reader.task)
+                    trip_pack_fault(self.tasks.tasks, pending.reader.task)
 
 
-def trip_pack_fault(readers: list[RangeReader], task: RangeTask) -> None:
+def trip_pack_fault(tasks: Sequence[RangeTask], task: RangeTask) -> None:
     """Tests only: fail the task's first attempt, marking every range of it as failed once
     (kwatermark.faults), so that the retry reads them all through."""
     directory = os.environ[FAULT_ENV]
-    for other in readers:
-        t = other.task
+    for t in tasks:
         with open(os.path.join(directory, f"{t.topic}-{t.partition}-{t.start}"), "w"):
             pass
     trip_fault(task)

@@ -25,7 +25,7 @@ from kwatermark.consumer import MAX_CONSUME, open_consumer, partition_bounds
 from kwatermark.errors import BrokerError, DataLossError, DecodeError
 from kwatermark.faults import fault_point, trip_fault
 from kwatermark.ledger import ProgressRecord, new_record
-from kwatermark.offsets import RangeTask
+from kwatermark.offsets import RangeTask, TaskColumns
 from kwatermark.options import SourceOptions
 from kwatermark.range_end import Stall, advance, done, short
 from kwatermark.records import RecordBlock
@@ -39,6 +39,7 @@ from kwatermark.watermarks import (
     current_ms,
     from_optional,
     make_assigner,
+    make_generator,
     needs_records,
     restore_generator,
     row_watermarks,
@@ -276,58 +277,69 @@ class RangeReader:
                           self.max_event, to_optional(self.max_row_watermark))
 
 
-def compute_ranges(readers: list[RangeReader], block: RecordBlock, counts: np.ndarray
-                   ) -> Computed:
-    """``RangeReader._compute`` for the next blocks of many ranges at once, for readers whose
-    ``at_once`` holds: ``block`` holds ``counts[i]`` (> 0) records of ``readers[i]``'s range,
-    one range after another. Rows and every range's state come out as if each range's block
-    were computed alone (``RangeColumns``, whose states are written back here)."""
-    columns = RangeColumns(readers)
-    computed = columns.compute(np.arange(len(readers)), block, counts)
-    columns.settle()
-    return computed
+def ranges_at_once(options: SourceOptions, decoders: Decoders) -> bool:
+    """Whether a task's ranges may be computed together (``RangeColumns``): the watermark
+    options' generator and assigner allow it (``watermarks.at_once``, one configuration for
+    every range of a task) and nothing is decoded; ``RangeReader.at_once`` for each range."""
+    config = options.watermark
+    return (at_once(make_generator(config), make_assigner(config)) and decoders.key is None
+            and decoders.value is None)
+
+
+def compute_ranges(options: SourceOptions, tasks: TaskColumns, block: RecordBlock,
+                   counts: np.ndarray) -> tuple[Computed, dict[str, list]]:
+    """``RangeReader._compute`` for the next blocks of many ranges at once, where
+    ``ranges_at_once`` holds: ``block`` holds ``counts[i]`` (> 0) records of the ``i``-th
+    range of ``tasks``, one range after another. Rows, and the ranges' progress records as
+    columns, come out as if each range's block were computed alone (``RangeColumns``)."""
+    columns = RangeColumns(options, tasks)
+    computed = columns.compute(np.arange(len(tasks)), block, counts)
+    return computed, columns.records()
 
 
 class RangeColumns:
     """The ranges of a task computed together (kwatermark.compiled: a pack of thousands of
     small ranges, each a few records a block), as columns: each range's inputs and its state
-    so far, by row (``readers[row]``). ``compute`` takes any rows' next records at once, with
-    numpy work per block and none per range; ``settle`` hands each range's state back to its
-    ``RangeReader`` (generator, counts, event times) once the ranges are read, so its
-    progress record is the one it would have made alone.
+    so far, by row (the ``TaskColumns`` row). ``compute`` takes any rows' next records at
+    once, with numpy work per block and none per range; ``records`` gives each range's
+    progress record, as columns, once the ranges are read: the one a ``RangeReader`` of the
+    range would have made alone. No object is made per range, but a generator for the
+    strategies whose watermark is one value a range (none, timelag).
 
-    Only for readers whose ``at_once`` holds (built-in generators that need no record, on
-    Kafka's timestamps) and of one pack (one ``options``: one generator configuration)."""
+    Only where ``ranges_at_once`` holds (built-in generators that need no record, on Kafka's
+    timestamps, nothing decoded), for the ranges of one pack (one ``options``)."""
 
-    def __init__(self, readers: list[RangeReader]):
-        self.readers = readers
-        tasks = [r.task for r in readers]
-        first = readers[0]
-        self.options = first.options
-        self.assigner = first.assigner
-        self.bounded = type(first.generator) is BoundedOutOfOrderness
+    def __init__(self, options: SourceOptions, tasks: TaskColumns):
+        config = options.watermark
+        generator = make_generator(config)
+        self.options = options
+        self.assigner = make_assigner(config)
+        self.bounded = type(generator) is BoundedOutOfOrderness
+        snapshots = tasks.state["generator"]
+        self.generators = None
         if self.bounded:
-            self.max_ts = np.array([UNDEFINED if r.generator.max_ts is None
-                                    else r.generator.max_ts for r in readers], dtype=np.int64)
-            self.bound = first.generator.bound_ms + 1   # one configuration per pack
+            # BoundedOutOfOrderness.restore of each snapshot (None: a fresh generator)
+            self.max_ts = np.array([UNDEFINED if s is None or s.get("max_ts") is None
+                                    else s["max_ts"] for s in snapshots], dtype=np.int64)
+            self.bound = generator.bound_ms + 1   # one configuration per pack
         else:   # NoWatermarks, TimeLag: one watermark a range, whatever it reads
-            self.constant = np.array([current_ms(r.generator) for r in readers],
+            self.generators = [restore_generator(config, s) for s in snapshots]
+            self.constant = np.array([current_ms(g) for g in self.generators],
                                      dtype=np.int64)
-        self.advanced = np.array([r.advanced for r in readers], dtype=np.int64)
-        self.previous = np.array([r.previous for r in readers], dtype=np.int64)
-        self.others = np.array([t.others_ms for t in tasks], dtype=np.int64)
-        self.counted = np.array([t.counted for t in tasks], dtype=bool)
-        self.floor = np.array([from_optional(t.floor_ms) for t in tasks], dtype=np.int64)
-        self.topics = sorted({t.topic for t in tasks})
+        self.advanced = _optional_ms(tasks.state["advanced_ms"])
+        self.previous = _optional_ms(tasks.previous_ms)
+        self.others = np.array(tasks.others_ms, dtype=np.int64)
+        self.counted = np.array(tasks.counted, dtype=bool)
+        self.floor = _optional_ms(tasks.floor_ms)
+        self.topics = sorted(set(tasks.topic))
         index = {topic: i for i, topic in enumerate(self.topics)}
-        self.topic_index = np.array([index[t.topic] for t in tasks], dtype=np.int32)
-        self.partition = np.array([t.partition for t in tasks], dtype=np.int32)
-        n = len(readers)
+        self.topic_index = np.array([index[t] for t in tasks.topic], dtype=np.int32)
+        self.partition = np.array(tasks.partition, dtype=np.int32)
+        n = len(tasks)
         self.count = np.zeros(n, dtype=np.int64)
         self.low = np.full(n, NO_PARTITIONS, dtype=np.int64)   # none yet
         self.high = np.full(n, UNDEFINED, dtype=np.int64)
         self.top = np.full(n, UNDEFINED, dtype=np.int64)
-
     def compute(self, rows: np.ndarray, block: RecordBlock, counts: np.ndarray) -> Computed:
         """The next records of the ranges ``rows`` (distinct), ``counts[i]`` (> 0) of
         ``rows[i]``'s, one range after another in ``block``; advances their states."""
@@ -361,17 +373,28 @@ class RangeColumns:
         return (self.topics, np.repeat(self.topic_index[rows], counts),
                 np.repeat(self.partition[rows], counts))
 
-    def settle(self) -> None:
-        """Each range's state into its ``RangeReader``, as ``_compute`` would have left it."""
-        max_ts = self.max_ts.tolist() if self.bounded else None
-        for row, (reader, n, low, high, top) in enumerate(zip(
-                self.readers, self.count.tolist(), self.low.tolist(), self.high.tolist(),
-                self.top.tolist())):
-            if max_ts is not None and max_ts[row] != UNDEFINED:
-                reader.generator.max_ts = max_ts[row]
-            if n:
-                found = high != UNDEFINED
-                reader._count(n, low if found else None, high if found else None, top)
+    def records(self) -> dict[str, list]:
+        """Each range's progress record (``ProgressRecord`` field by field, a list a field),
+        as ``RangeReader._progress`` would have made it after reading its records alone."""
+        high = self.high.tolist()
+        found = self.high != UNDEFINED
+        if self.bounded:
+            generator = [{"max_ts": None if m == UNDEFINED else m}
+                         for m in self.max_ts.tolist()]
+        else:
+            generator = [g.snapshot() for g in self.generators]
+        top = self.top.tolist()
+        return {"generator": generator, "count": self.count.tolist(),
+                "min_event_ms": [low if f else None
+                                 for low, f in zip(self.low.tolist(), found.tolist())],
+                "max_event_ms": [h if h != UNDEFINED else None for h in high],
+                "max_row_watermark": [None if t == UNDEFINED or t == NO_PARTITIONS else t
+                                      for t in top]}
+
+
+def _optional_ms(values: list) -> np.ndarray:
+    """``from_optional`` of each value, as an int64 column."""
+    return np.array([UNDEFINED if v is None else v for v in values], dtype=np.int64)
 
 
 def _late(options: SourceOptions, event_times: np.ndarray, rows: np.ndarray

@@ -33,7 +33,7 @@ from pyspark.sql.types import StructType
 
 from kwatermark.arrow import OutputLayout, heartbeat_batch
 from kwatermark.errors import KWatermarkError, OptionError
-from kwatermark.offsets import RangeTask, task_columns, tasks_of_columns
+from kwatermark.offsets import RangeTask, TaskColumns
 from kwatermark.options import SourceOptions, parse_options
 from kwatermark.pack import PackReader
 from kwatermark.planner import BatchPlanner, ReadLimits
@@ -183,38 +183,51 @@ class RangePartition(InputPartition):
     """One Spark task: one or more ranges read by one consumer (packing, DESIGN §12). A
     streaming task publishes its progress records (a batch read has no next batch to plan);
     ``ledger_mark`` is the driver's mark in the default progress location, ``ledger_key``
-    the key of the pack's records (``BatchPlanner.pack_keys``)."""
+    the key of the pack's records (``BatchPlanner.pack_keys``). ``columns`` holds the ranges
+    as columns (``offsets.TaskColumns``), what a task reads by; ``tasks`` as ``RangeTask``
+    objects, which an unpickled partition builds only when asked."""
 
     def __init__(self, tasks: tuple[RangeTask, ...], publish: bool = False,
                  ledger_mark: str | None = None, ledger_key: str | None = None):
         super().__init__(tasks)
-        self.tasks = tasks
+        self.columns = TaskColumns.of(tasks)
         self.publish = publish
         self.ledger_mark = ledger_mark
         self.ledger_key = ledger_key
+
+    @property
+    def tasks(self) -> tuple[RangeTask, ...]:
+        return self.columns.tasks
+
+    @property
+    def value(self) -> tuple[RangeTask, ...]:
+        """InputPartition's own field: the tasks (built when asked, as ``tasks``)."""
+        return self.columns.tasks
+
+    @value.setter
+    def value(self, tasks: tuple[RangeTask, ...]) -> None:
+        pass   # InputPartition.__init__'s; the tasks are in ``columns``
 
     def __reduce__(self) -> tuple:
         # Spark's runner pickles each partition with cloudpickle, whose Python-level
         # reducer_override runs for every RangeTask and PartitionState of the pack: 18 ms on
         # the driver for a 4,096-range batch, each batch, before any task starts. The C
         # pickler writes their fields as columns (offsets.task_columns) in a quarter of
-        # that, and the executor builds them back in less time than it unpickled objects.
+        # that; the executor reads by those columns, without an object a range.
         values = dict(self.__dict__)
-        tasks = values.pop("tasks")
-        values.pop("value", None)   # InputPartition's: the tasks again
-        return _unpickled_partition, (pickle.dumps((values, task_columns(tasks)),
+        columns = values.pop("columns")
+        return _unpickled_partition, (pickle.dumps((values, columns.raw),
                                                    pickle.HIGHEST_PROTOCOL),)
 
 
 def _unpickled_partition(data: bytes) -> RangePartition:
-    # With the collector paused, as the task that reads it (_read): its thousands of ranges
-    # and states otherwise set off collections that walk them (8 of 17 ms at 4,096 ranges,
-    # in-process); PySpark's worker collects after the task.
+    # With the collector paused, as the task that reads it (_read): the columns' thousands
+    # of generator snapshots otherwise set off collections; PySpark's worker collects after
+    # the task.
     with _collector_paused():
         values, columns = pickle.loads(data)
-        tasks = tasks_of_columns(columns)
     partition = RangePartition.__new__(RangePartition)
-    partition.__dict__.update(values, tasks=tasks, value=tasks)
+    partition.__dict__.update(values, columns=TaskColumns(columns))
     return partition
 
 
@@ -354,11 +367,10 @@ def _read(options: SourceOptions, layout: OutputLayout, decoders: Decoders, plan
     if partition.publish:
         planner.ledger.require_shared(partition.ledger_mark)
     with _collector_paused():
-        pack = PackReader(options, layout, decoders, list(partition.tasks))
+        pack = PackReader(options, layout, decoders, partition.columns)
         yield from pack
         if partition.publish:
-            planner.ledger.offer_pack(partition.tasks, planner.fingerprint,
-                                      [record for _, record in pack.progress],
+            planner.ledger.offer_pack(partition.columns, planner.fingerprint, pack.records,
                                       partition.ledger_key)
         # Freed while the collector is paused: the collection that resuming it calls for
         # then walks what the task keeps, not its thousands of readers and records.

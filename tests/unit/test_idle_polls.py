@@ -16,7 +16,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from kwatermark import source
 from kwatermark.arrow import OutputLayout
-from kwatermark.ledger import ProgressRecord
+from kwatermark.ledger import ProgressRecord, record_columns
 from tests.unit.test_progress_model import FakeBroker
 
 pytestmark = pytest.mark.usefixtures("brokers_answer")
@@ -50,7 +50,7 @@ def _planned(reader, start: dict) -> dict:
         records = [ProgressRecord({"max_ts": 1_000 + t.end - 1}, t.end - t.start,
                                   1_000 + t.start, 1_000 + t.end - 1, None)
                    for t in split.tasks]
-        planner.ledger.offer_pack(split.tasks, planner.fingerprint, records,
+        planner.ledger.offer_pack(split.columns, planner.fingerprint, record_columns(records),
                                   split.ledger_key)
     reader.commit(_logged(end))
     return end

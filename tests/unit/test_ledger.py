@@ -18,10 +18,11 @@ from kwatermark.ledger import (
     ProgressRecord,
     pack_key,
     pack_keys,
+    record_columns,
     record_content,
     record_key,
 )
-from kwatermark.offsets import PartitionState, RangeTask
+from kwatermark.offsets import PartitionState, RangeTask, TaskColumns
 from kwatermark.watermarks import NO_PARTITIONS, UNDEFINED
 
 FINGERPRINT = {"strategy": "monotonous", "bound": 0, "punctuation": None, "field": None,
@@ -250,9 +251,18 @@ PACK = (task(0, 10), task(10, 20), task(5, 9, topic="other", partition=3), task(
 PACK_RECORDS = [replace(RECORD, count=n) for n in (10, 10, 4, 1)]
 
 
+def _publish_pack(ledger, tasks, records, key=None) -> None:
+    """``publish_pack`` as a task calls it: its ranges and records as columns."""
+    ledger.publish_pack(TaskColumns.of(tasks), FINGERPRINT, record_columns(records), key)
+
+
+def _offer_pack(ledger, tasks, records) -> bool:
+    return ledger.offer_pack(TaskColumns.of(tasks), FINGERPRINT, record_columns(records))
+
+
 def test_a_pack_is_one_file_holding_each_range_record_in_order(tmp_path):
     ledger = ProgressLedger(str(tmp_path))
-    ledger.publish_pack(PACK, FINGERPRINT, PACK_RECORDS)
+    _publish_pack(ledger, PACK, PACK_RECORDS)
     assert len(record_files(tmp_path)) == 1
     assert ledger.lookup_pack(PACK, FINGERPRINT) == PACK_RECORDS
     # Another grouping, order or configuration of the same ranges is another pack.
@@ -312,7 +322,7 @@ def test_a_batch_pack_keys_follow_its_offset_configuration_packing_and_order():
 def test_a_pack_under_a_batch_key_is_found_only_for_the_ranges_it_names(tmp_path, caplog):
     ledger = ProgressLedger(str(tmp_path))
     [key] = pack_keys(OFFSET_JSON, FINGERPRINT, PACKING, 1)
-    ledger.publish_pack(PACK, FINGERPRINT, PACK_RECORDS, key)
+    _publish_pack(ledger, PACK, PACK_RECORDS, key)
     assert ledger.lookup_pack(PACK, FINGERPRINT, key) == PACK_RECORDS
     assert ledger.lookup_pack(PACK, FINGERPRINT) is None        # not under the ranges' key
     # Planned otherwise (another version's packing) under the same key and first range: the
@@ -327,7 +337,7 @@ def test_a_pack_written_before_batch_keys_is_found_after_an_upgrade(tmp_path):
     """Tasks of kwatermark before pack_keys wrote ``{"ranges": [record, ...]}`` under the
     hash of the pack's ranges; the batch they ran is folded by the upgraded driver."""
     ledger = ProgressLedger(str(tmp_path))
-    ledger.publish_pack(PACK, FINGERPRINT, PACK_RECORDS)
+    _publish_pack(ledger, PACK, PACK_RECORDS)
     [path] = record_files(tmp_path)
     assert pack_key(PACK, FINGERPRINT) in path.name
     path.write_text(json.dumps({"ranges": [asdict(r) for r in PACK_RECORDS]}))
@@ -342,12 +352,12 @@ def test_a_pack_names_its_ranges_as_columns_and_one_written_as_lists_is_still_fo
     ledger = ProgressLedger(str(tmp_path))
     [key] = pack_keys(OFFSET_JSON, FINGERPRINT, PACKING, 1)
     one_topic = (task(0, 10), task(3, 5, partition=7), task(0, 1, partition=2))
-    ledger.publish_pack(one_topic, FINGERPRINT, PACK_RECORDS[:3], key)
+    _publish_pack(ledger, one_topic, PACK_RECORDS[:3], key)
     [path] = record_files(tmp_path)
     assert json.loads(path.read_text())["at"] == {
         "topic": "events", "partition": [0, 7, 2], "from": [0, 3, 0], "to": [10, 5, 1]}
     ledger = ProgressLedger(str(tmp_path / "two-topics"))
-    ledger.publish_pack(PACK, FINGERPRINT, PACK_RECORDS, key)
+    _publish_pack(ledger, PACK, PACK_RECORDS, key)
     [path] = record_files(tmp_path / "two-topics")
     content = json.loads(path.read_text())
     assert content["at"]["topic"] == ["events", "events", "other", "events"]
@@ -361,7 +371,7 @@ def test_a_pack_names_its_ranges_as_columns_and_one_written_as_lists_is_still_fo
 
 def test_a_pack_of_one_range_is_that_range_record(tmp_path):
     ledger = ProgressLedger(str(tmp_path))
-    ledger.publish_pack(PACK[:1], FINGERPRINT, PACK_RECORDS[:1])
+    _publish_pack(ledger, PACK[:1], PACK_RECORDS[:1])
     assert ledger.lookup(PACK[0], FINGERPRINT) == PACK_RECORDS[0]
     assert ledger.lookup_pack(PACK[:1], FINGERPRINT) == PACK_RECORDS[:1]
 
@@ -372,7 +382,7 @@ def test_a_pack_of_one_range_is_that_range_record(tmp_path):
 ])
 def test_a_corrupt_pack_is_treated_as_missing(tmp_path, content):
     ledger = ProgressLedger(str(tmp_path))
-    ledger.publish_pack(PACK, FINGERPRINT, PACK_RECORDS)
+    _publish_pack(ledger, PACK, PACK_RECORDS)
     [path] = record_files(tmp_path)
     path.write_bytes(content)
     assert ledger.lookup_pack(PACK, FINGERPRINT) is None
@@ -380,7 +390,7 @@ def test_a_corrupt_pack_is_treated_as_missing(tmp_path, content):
 
 def test_a_pack_is_forgotten_once_its_first_partition_is_past_its_first_range(tmp_path):
     ledger = ProgressLedger(str(tmp_path))
-    ledger.publish_pack(PACK, FINGERPRINT, PACK_RECORDS)
+    _publish_pack(ledger, PACK, PACK_RECORDS)
     ledger.forget_before("other", 3, 100)       # another of its partitions: kept
     ledger.forget_before("events", 0, 9)
     assert ledger.lookup_pack(PACK, FINGERPRINT) == PACK_RECORDS
@@ -394,8 +404,7 @@ def test_an_executor_that_cannot_write_its_pack_warns_and_does_not_fail(tmp_path
     blocker.write_text("a file where the ledger's directory should be")
     ledger = ProgressLedger(str(blocker / "ledger"))
     with caplog.at_level("WARNING", logger="kwatermark.ledger"):
-        assert ledger.offer_pack(PACK, FINGERPRINT, PACK_RECORDS) is False
+        assert _offer_pack(ledger, PACK, PACK_RECORDS) is False
     assert "watermark.stateLocation" in caplog.text
     assert "4 ranges (topic events partition 0 offsets [0, 10) and 3 more)" in caplog.text
-    assert ProgressLedger(str(tmp_path / "ledger")).offer_pack(
-        PACK, FINGERPRINT, PACK_RECORDS) is True
+    assert _offer_pack(ProgressLedger(str(tmp_path / "ledger")), PACK, PACK_RECORDS) is True

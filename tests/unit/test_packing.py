@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kwatermark.arrow import OutputLayout
-from kwatermark.ledger import record_key
-from kwatermark.offsets import BatchOffset, PartitionState, RangeTask, pack_tasks
+from kwatermark.ledger import record_columns, record_key
+from kwatermark.offsets import BatchOffset, PartitionState, RangeTask, TaskColumns, pack_tasks
 from kwatermark.options import DEFAULT_MIN_RECORDS_PER_PARTITION, parse_options
 from kwatermark.planner import BatchPlanner, ReadLimits
 from kwatermark.reader import Decoders
@@ -124,7 +124,8 @@ def drive(records: list[list[int]], batches: list[list[int]], ledger_dir: str,
                 rows += [(r.tp, r.offset, r.event_time, r.watermark) for r in task_rows]
                 progress[record_key(task, planner.fingerprint)] = record
             # As source._read: one ledger file per Spark task.
-            planner.ledger.publish_pack(pack, planner.fingerprint, pack_records, key)
+            planner.ledger.publish_pack(TaskColumns.of(pack), planner.fingerprint,
+                                        record_columns(pack_records), key)
         seen.append({"offset": end.dumps(), "rows": sorted(rows), "progress": progress,
                      "tasks": [[(t.partition, t.start, t.end) for t in pack]
                                for pack in packs]})
@@ -210,7 +211,8 @@ def test_a_lost_pack_is_recomputed_range_by_range_and_counted(tmp_path, caplog):
     [pack] = planner.packed_tasks(end)
     assert len(pack) == 6
     read = {task: read_task(planner, task, [100 + i for i in range(3)], 7)[1] for task in pack}
-    planner.ledger.publish_pack(pack, planner.fingerprint, [read[t] for t in pack],
+    planner.ledger.publish_pack(TaskColumns.of(pack), planner.fingerprint,
+                                record_columns([read[t] for t in pack]),
                                 planner.pack_keys(end)[0])
     planner._recompute = mock.Mock(side_effect=lambda tasks: [read[t] for t in tasks])
     expected = planner.fold(end)

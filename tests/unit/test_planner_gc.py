@@ -112,7 +112,7 @@ class _Pack:
 
     def __init__(self, options, layout, decoders, tasks):
         self.tasks = tasks
-        self.progress = []
+        self.records = {}
 
     def __iter__(self):
         for i in range(3):

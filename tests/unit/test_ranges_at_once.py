@@ -1,5 +1,6 @@
 """Many small ranges computed at once (``reader.compute_ranges``, the compiled engine's packs
-of thousands of partitions) give the rows and range states of computing each alone.
+of thousands of partitions, as columns) give the rows and progress records of computing each
+alone.
 
 The ground truth is ``RangeReader._compute`` on each range's own block, a different code path
 (one ``np.maximum.accumulate`` per range); the ranges' blocks, states and options are drawn at
@@ -13,9 +14,10 @@ import numpy as np
 import pytest
 
 from kwatermark import arrow
-from kwatermark.offsets import PartitionState, RangeTask
+from kwatermark.ledger import record_columns
+from kwatermark.offsets import PartitionState, RangeTask, TaskColumns
 from kwatermark.options import parse_options
-from kwatermark.reader import Decoders, RangeColumns, RangeReader, compute_ranges
+from kwatermark.reader import Decoders, RangeColumns, RangeReader, compute_ranges, ranges_at_once
 from kwatermark.records import RecordBlock
 from kwatermark.watermarks import (
     NO_PARTITIONS,
@@ -64,9 +66,9 @@ def _block(topic: str, partition: int, stamps: list[int]) -> RecordBlock:
                        np.zeros(n, dtype=np.int32))
 
 
-def _state(reader: RangeReader) -> tuple:
-    return (reader.count, reader.min_event, reader.max_event, reader.max_row_watermark,
-            reader.generator.snapshot())
+def _records(readers: list[RangeReader]) -> dict[str, list]:
+    """The progress records of ranges each read alone, as a pack file's columns."""
+    return record_columns([reader._progress() for reader in readers])
 
 
 @pytest.mark.parametrize("ranges", [1, 3, 16, 17, 300])
@@ -77,24 +79,29 @@ def test_many_ranges_at_once_give_each_range_s_own_rows_and_state(ranges, strate
     options = _options(strategy, late)
     layout = arrow.OutputLayout(flag_late=late == "flag")
     tasks = [_task(p, strategy, rng) for p in range(ranges)]
-    alone = [RangeReader(options, layout, Decoders(), task) for task in tasks]
-    together = [RangeReader(options, layout, Decoders(), task) for task in tasks]
-    assert all(r.at_once for r in together)
-    for _ in range(3):   # three blocks in a row: the states carry over
+    assert ranges_at_once(options, Decoders())
+    for _ in range(3):   # three blocks in a row, each range starting where the last left it
+        alone = [RangeReader(options, layout, Decoders(), task) for task in tasks]
+        assert all(r.at_once for r in alone)
         stamps = [[rng.choice([-1, rng.randrange(0, 90_000)]) for _ in range(rng.randrange(1, 6))]
                   for _ in tasks]
         expected = [reader._compute(_block("t", task.partition, s))
                     for reader, task, s in zip(alone, tasks, stamps)]
         block = _block("t", 0, [stamp for s in stamps for stamp in s])
-        got = compute_ranges(together, block, np.array([len(s) for s in stamps]))
+        got, records = compute_ranges(options, TaskColumns.of(tuple(tasks)), block,
+                                      np.array([len(s) for s in stamps]))
         assert got.event_times.tolist() == [v for e in expected for v in e.event_times.tolist()]
         assert got.rows.tolist() == [v for e in expected for v in e.rows.tolist()]
         if late == "keep":
             assert got.late is None and all(e.late is None for e in expected)
         else:
             assert got.late.tolist() == [v for e in expected for v in e.late.tolist()]
-        assert [_state(r) for r in together] == [_state(r) for r in alone]
-        assert [r._progress() for r in together] == [r._progress() for r in alone]
+        assert records == _records(alone)
+        tasks = [RangeTask(t.topic, t.partition, t.start, t.end,
+                           PartitionState(generator=r.generator.snapshot(),
+                                          advanced_ms=t.state.advanced_ms),
+                           t.counted, t.previous_ms, t.others_ms, t.floor_ms)
+                 for t, r in zip(tasks, alone)]
 
 
 @pytest.mark.parametrize("ranges", [1, 17, 300])
@@ -110,8 +117,7 @@ def test_a_task_s_ranges_as_columns_over_many_blocks_end_in_each_range_s_own_sta
     layout = arrow.OutputLayout(flag_late=True)
     tasks = [_task(p, strategy, rng) for p in range(ranges)]
     alone = [RangeReader(options, layout, Decoders(), task) for task in tasks]
-    together = [RangeReader(options, layout, Decoders(), task) for task in tasks]
-    columns = RangeColumns(together)
+    columns = RangeColumns(options, TaskColumns.of(tuple(tasks)))
     for _ in range(6):
         rows = rng.sample(range(ranges), rng.randrange(1, ranges + 1))
         stamps = [[rng.choice([-1, rng.randrange(0, 90_000)]) for _ in range(rng.randrange(1, 5))]
@@ -121,9 +127,7 @@ def test_a_task_s_ranges_as_columns_over_many_blocks_end_in_each_range_s_own_sta
                               np.array([len(s) for s in stamps]))
         assert got.rows.tolist() == [v for e in expected for v in e.rows.tolist()]
         assert got.late.tolist() == [v for e in expected for v in e.late.tolist()]
-    columns.settle()
-    assert [_state(r) for r in together] == [_state(r) for r in alone]
-    assert [r._progress() for r in together] == [r._progress() for r in alone]
+    assert columns.records() == _records(alone)
 
 
 @pytest.mark.parametrize("segments", [0, 1, 5, 16, 17, 200])
