@@ -138,9 +138,9 @@ _TASK_FIELDS = attrgetter(*(f.name for f in fields(RangeTask) if f.name != "stat
 _STATE_FIELDS = attrgetter(*(f.name for f in fields(PartitionState)))
 
 
-def _ranges_of(tasks: tuple[RangeTask, ...]) -> list[list]:
+def _ranges_of(tasks: TaskColumns) -> list[list]:
     """A pack's ranges as its file named them before :func:`_range_columns`: a list a range."""
-    return [[task.topic, task.partition, task.start, task.end] for task in tasks]
+    return [list(r) for r in zip(tasks.topic, tasks.partition, tasks.start, tasks.end)]
 
 
 def _range_columns(topics: list[str], partitions: list[int], starts: list[int],
@@ -153,12 +153,11 @@ def _range_columns(topics: list[str], partitions: list[int], starts: list[int],
             "partition": partitions, "from": starts, "to": ends}
 
 
-def _names_ranges(named: object, tasks: tuple[RangeTask, ...]) -> bool:
+def _names_ranges(named: object, tasks: TaskColumns) -> bool:
     """Whether a pack file's ``at`` (either layout) names exactly ``tasks``, in order."""
     if isinstance(named, list):
         return named == _ranges_of(tasks)
-    return named == _range_columns([t.topic for t in tasks], [t.partition for t in tasks],
-                                   [t.start for t in tasks], [t.end for t in tasks])
+    return named == _range_columns(tasks.topic, tasks.partition, tasks.start, tasks.end)
 
 
 class ProgressLedger:
@@ -318,20 +317,21 @@ class ProgressLedger:
         or None. A pack written under its ranges' own key (:func:`pack_key`: kwatermark
         before pack_keys, whose tasks may have run just before an upgrade) is looked for
         when there is none under ``key``."""
-        columns = self.lookup_pack_columns(tasks, fingerprint, key)
+        columns = self.lookup_pack_columns(TaskColumns.of(tasks), fingerprint, key)
         return None if columns is None else records_of_columns(columns)
 
-    def lookup_pack_columns(self, tasks: tuple[RangeTask, ...], fingerprint: dict,
+    def lookup_pack_columns(self, tasks: TaskColumns, fingerprint: dict,
                             key: str | None = None) -> dict[str, list] | None:
         """``lookup_pack`` as the file holds it: a list per ``ProgressRecord`` field, one
         value a range (the driver's fold reads them so, without a record object a range)."""
+        first = tasks.task(0)
         if len(tasks) == 1:
-            record = self.lookup(tasks[0], fingerprint)
+            record = self.lookup(first, fingerprint)
             return None if record is None else record_columns([record])
-        path = self._pack_path(tasks[0], key or pack_key(tasks, fingerprint))
+        path = self._pack_path(first, key or pack_key(tasks.tasks, fingerprint))
         data = self._read(path)
         if data is None and key is not None:
-            path = self._pack_path(tasks[0], pack_key(tasks, fingerprint))
+            path = self._pack_path(first, pack_key(tasks.tasks, fingerprint))
             data = self._read(path)
         if data is None:
             return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
@@ -464,7 +465,8 @@ class TaskColumns:
     (the Python engine, an error that names a range).
 
     A RangeTask field is a list by its own name (``columns.start[i]``), a PartitionState
-    field by its name in ``state`` (``columns.state["generator"][i]``)."""
+    field by its name in ``state`` (``columns.state["generator"][i]``). As a sequence it is
+    its ``tasks``."""
 
     def __init__(self, columns: tuple[list[list], list[list]],
                  tasks: tuple[RangeTask, ...] | None = None):
@@ -479,8 +481,34 @@ class TaskColumns:
     def of(cls, tasks: tuple[RangeTask, ...]) -> TaskColumns:
         return cls(task_columns(tasks), tuple(tasks))
 
+    @classmethod
+    def planned(cls, topic: list[str], partition: list[int], start: list[int],
+                end: list[int], states: list[PartitionState], counted: list[bool],
+                previous_ms: int | None, others_ms: list[int], floor_ms: list[int | None]
+                ) -> TaskColumns:
+        """A batch's ranges as the planner makes them, a column at a time (``new_task``'s
+        fields; ``previous_ms`` is the batch's, the same for every range)."""
+        fields_of = {"topic": topic, "partition": partition, "start": start, "end": end,
+                     "counted": counted, "previous_ms": [previous_ms] * len(start),
+                     "others_ms": others_ms, "floor_ms": floor_ms}
+        return cls(([fields_of[name] for name in _TASK_NAMES],
+                    [[getattr(state, name) for state in states] for name in _STATE_ORDER]))
+
     def __len__(self) -> int:
         return len(self.start)
+
+    def __iter__(self) -> Iterator[RangeTask]:
+        return iter(self.tasks)
+
+    def __getitem__(self, row: int) -> RangeTask:
+        return self.tasks[row]
+
+    def rows(self, low: int, high: int) -> TaskColumns:
+        """Ranges ``low`` to ``high - 1`` (a pack of the batch's ranges)."""
+        task_values, state_values = self.raw
+        return TaskColumns(([v[low:high] for v in task_values],
+                            [v[low:high] for v in state_values]),
+                           None if self._tasks is None else self._tasks[low:high])
 
     @property
     def tasks(self) -> tuple[RangeTask, ...]:
@@ -539,34 +567,39 @@ def with_state(offset: BatchOffset, tp: TopicPartition, **changes) -> BatchOffse
 
 def pack_tasks(tasks: list[RangeTask], min_records: int | None, min_partitions: int | None,
                max_records: int | None) -> list[tuple[RangeTask, ...]]:
-    """Group consecutive ranges into Spark tasks of at least ``min_records`` records.
+    """:func:`pack_bounds` of ``tasks``, as tuples of them."""
+    return [tuple(tasks[low:high]) for low, high in pack_bounds(
+        [t.end - t.start for t in tasks], min_records, min_partitions, max_records)]
+
+
+def pack_bounds(sizes: list[int], min_records: int | None, min_partitions: int | None,
+                max_records: int | None) -> list[tuple[int, int]]:
+    """Group consecutive ranges (of ``sizes[i]`` records each) into Spark tasks of at least
+    ``min_records`` records: each pack as ``(low, high)``, ranges ``low`` to ``high - 1``.
 
     Spark pays a fixed cost per Python task (~30 ms here, DESIGN §12), so many small ranges
     are cheaper read by one task. The ranges themselves are untouched: each keeps its own
     start state, rows and progress record, so packing changes only which Spark task reads
-    what. Deterministic in ``tasks`` (a replayed batch packs the same way). A pack is closed
+    what. Deterministic in ``sizes`` (a replayed batch packs the same way). A pack is closed
     once it holds ``min_records``; it never grows past ``maxRecordsPerPartition`` nor past
     an even share of the batch among ``minPartitions`` tasks, and there are never fewer
-    packs than ``min(minPartitions, len(tasks))``. ``min_records`` of None or 1 packs nothing.
+    packs than ``min(minPartitions, len(sizes))``. ``min_records`` of None or 1 packs nothing.
     """
-    if not min_records or min_records <= 1 or len(tasks) <= 1:
-        return [(task,) for task in tasks]
-    wanted = min(min_partitions or 1, len(tasks))
+    n = len(sizes)
+    if not min_records or min_records <= 1 or n <= 1:
+        return [(i, i + 1) for i in range(n)]
+    wanted = min(min_partitions or 1, n)
     cap = max_records or math.inf
     if wanted > 1:
-        total = sum(t.end - t.start for t in tasks)
-        cap = min(cap, math.ceil(total / wanted))
-    packs: list[list[RangeTask]] = []
+        cap = min(cap, math.ceil(sum(sizes) / wanted))
+    lows: list[int] = []
     filled = 0
-    for placed, task in enumerate(tasks):
-        size = task.end - task.start
-        left = len(tasks) - placed   # this one included
-        joinable = (packs and filled < min_records and filled + size <= cap
-                    and len(packs) + left - 1 >= wanted)
-        if joinable:
-            packs[-1].append(task)
+    for placed, size in enumerate(sizes):
+        left = n - placed   # this one included
+        if (lows and filled < min_records and filled + size <= cap
+                and len(lows) + left - 1 >= wanted):
             filled += size
         else:
-            packs.append([task])
+            lows.append(placed)
             filled = size
-    return [tuple(pack) for pack in packs]
+    return list(zip(lows, lows[1:] + [n]))

@@ -22,13 +22,13 @@ from kwatermark.offsets import (
     PartitionRange,
     PartitionState,
     RangeTask,
+    TaskColumns,
     TopicPartition,
     fill_densities,
     held_by_alignment,
     new_lag,
     new_range,
-    new_task,
-    pack_tasks,
+    pack_bounds,
     plan_splits,
     rate_limit,
     read_densities,
@@ -145,7 +145,7 @@ class BatchPlanner:
         self.fingerprint = options.watermark.fingerprint()
         self._policy = None
         # The offset whose tasks were last planned, its tasks and their packs.
-        self._tasks: tuple[BatchOffset, list[RangeTask], list[tuple[RangeTask, ...]]] | None \
+        self._tasks: tuple[BatchOffset, TaskColumns, list[TaskColumns]] | None \
             = None
         # The offset whose packs' ledger keys were last computed, and the keys.
         self._keys: tuple[BatchOffset, list[str]] | None = None
@@ -719,50 +719,64 @@ class BatchPlanner:
 
     def tasks(self, offset: BatchOffset) -> list[RangeTask]:
         """The Spark tasks of the batch that ends at ``offset``; a pure function of it."""
-        return self._tasks_and_packs(offset)[0]
+        return list(self._tasks_and_packs(offset)[0].tasks)
 
-    def _tasks_and_packs(self, offset: BatchOffset
-                         ) -> tuple[list[RangeTask], list[tuple[RangeTask, ...]]]:
-        """``offset``'s tasks and their packs, computed once per offset: Spark planning the
-        batch (``packed_tasks``) and the next planning folding it (``fold``) hand over the
-        same offset object (``offset`` parses each JSON once). Callers do not change them."""
+    def _tasks_and_packs(self, offset: BatchOffset) -> tuple[TaskColumns, list[TaskColumns]]:
+        """``offset``'s ranges and their packs, as columns (``TaskColumns``: no RangeTask
+        object a range unless one is asked for), computed once per offset: Spark planning
+        the batch (``packed_tasks``) and the next planning folding it (``fold``) hand over
+        the same offset object (``offset`` parses each JSON once). Callers do not change
+        them."""
         if self._tasks is None or self._tasks[0] is not offset:
             tasks = self._plan_tasks(offset)
             self._tasks = (offset, tasks, self._packs(tasks))
         return self._tasks[1], self._tasks[2]
 
-    def _plan_tasks(self, offset: BatchOffset) -> list[RangeTask]:
+    def _plan_tasks(self, offset: BatchOffset) -> TaskColumns:
         marks = self._marks_of(offset)
-        counted = {tp: r.state.idle != idle.EXCLUDE for tp, r in offset.partitions.items()}
+        partitions = offset.partitions
+        counted = {tp: r.state.idle != idle.EXCLUDE for tp, r in partitions.items()}
         lowest = heapq.nsmallest(2, [(mark, tp) for tp, mark in marks.items() if counted[tp]])
         percentile = self.options.watermark.percentile
         bounds = (row_bounds(marks, {tp for tp in marks if counted[tp]}, percentile)
                   if percentile != "100" else None)
-        splits = plan_splits({tp: (r.start, r.end) for tp, r in offset.partitions.items()},
+        splits = plan_splits({tp: (r.start, r.end) for tp, r in partitions.items()},
                              self.options.min_partitions,
                              self.options.max_records_per_partition,
                              can_split(make_generator(self.options.watermark)))
-        tasks = []
+        # The lowest counted partition's watermark caps every other partition's rows; its
+        # own rows are capped by the second lowest (NO_PARTITIONS: none other counts).
+        first_mark, first_owner = lowest[0] if lowest else (NO_PARTITIONS, None)
+        second_mark = lowest[1][0] if len(lowest) > 1 else NO_PARTITIONS
+        topics, numbers, starts, ends, states, counts, ceilings, floors = (
+            [], [], [], [], [], [], [], [])
         for tp, pieces in sorted(splits.items()):
-            others = [m for m, owner in lowest if owner != tp][:1]
-            ceiling, floor = (others[0] if others else NO_PARTITIONS), None
+            ceiling, floor = (second_mark if tp == first_owner else first_mark), None
             if bounds is not None:
                 floor, ceiling = bounds[tp]
                 floor = to_optional(floor)
+            state, is_counted = partitions[tp].state, counted[tp]
             for start, end in pieces:
-                tasks.append(new_task(
-                    tp[0], tp[1], start, end, offset.partitions[tp].state, counted[tp],
-                    offset.watermark, ceiling, floor))
-        return tasks
+                topics.append(tp[0])
+                numbers.append(tp[1])
+                starts.append(start)
+                ends.append(end)
+                states.append(state)
+                counts.append(is_counted)
+                ceilings.append(ceiling)
+                floors.append(floor)
+        return TaskColumns.planned(topics, numbers, starts, ends, states, counts,
+                                   offset.watermark, ceilings, floors)
 
-    def packed_tasks(self, offset: BatchOffset) -> list[tuple[RangeTask, ...]]:
+    def packed_tasks(self, offset: BatchOffset) -> list[TaskColumns]:
         """The ranges of ``tasks(offset)`` grouped into Spark tasks (``minRecordsPerPartition``,
         DESIGN §12). Packing changes which task reads a range, never the range's rows or
         progress record; a pack's records are stored together, which ``fold`` finds under the
         same packing (a pure function of the offset and the options)."""
         packs = self._tasks_and_packs(offset)[1]
         if self._may_hold is not None:
-            self._may_hold.update(pack[0].tp for pack in packs)   # where a pack's file goes
+            # where a pack's file goes
+            self._may_hold.update((pack.topic[0], pack.partition[0]) for pack in packs)
         return packs
 
     def pack_keys(self, offset: BatchOffset) -> list[str | None]:
@@ -789,9 +803,12 @@ class BatchPlanner:
                 return known_json
         return offset.to_json()
 
-    def _packs(self, tasks: list[RangeTask]) -> list[tuple[RangeTask, ...]]:
-        return pack_tasks(tasks, self.options.min_records_per_partition,
-                          self.options.min_partitions, self.options.max_records_per_partition)
+    def _packs(self, tasks: TaskColumns) -> list[TaskColumns]:
+        bounds = pack_bounds([end - start for start, end in zip(tasks.start, tasks.end)],
+                             self.options.min_records_per_partition,
+                             self.options.min_partitions,
+                             self.options.max_records_per_partition)
+        return [tasks.rows(low, high) for low, high in bounds]
 
     def fold(self, offset: BatchOffset) -> tuple[dict[TopicPartition, PartitionState], int]:
         """Each partition's state at ``to`` of the batch ending at ``offset``, and the highest
@@ -813,7 +830,7 @@ class BatchPlanner:
             else:
                 found += [_folded_fields(self.ledger.lookup(task, self.fingerprint))
                           for task in pack]
-        missing = [task for task, record in zip(tasks, found) if record is None]
+        missing = [tasks[row] for row, record in enumerate(found) if record is None]
         if missing:
             recomputed = iter(self._recompute(missing))
             found = [record or _folded_fields(next(recomputed)) for record in found]
@@ -824,8 +841,7 @@ class BatchPlanner:
         # A partition's record, or its sub-ranges' records in offset order (minPartitions):
         # one record alone is the common case, thousands of times per batch, and no list.
         records: dict[TopicPartition, tuple | list[tuple]] = {}
-        for task, record in zip(tasks, found):
-            tp = (task.topic, task.partition)
+        for tp, record in zip(zip(tasks.topic, tasks.partition), found):
             before = records.get(tp)
             if before is None:
                 records[tp] = record

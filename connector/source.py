@@ -187,10 +187,10 @@ class RangePartition(InputPartition):
     as columns (``offsets.TaskColumns``), what a task reads by; ``tasks`` as ``RangeTask``
     objects, which an unpickled partition builds only when asked."""
 
-    def __init__(self, tasks: tuple[RangeTask, ...], publish: bool = False,
+    def __init__(self, tasks: TaskColumns | tuple[RangeTask, ...], publish: bool = False,
                  ledger_mark: str | None = None, ledger_key: str | None = None):
         super().__init__(tasks)
-        self.columns = TaskColumns.of(tasks)
+        self.columns = tasks if isinstance(tasks, TaskColumns) else TaskColumns.of(tasks)
         self.publish = publish
         self.ledger_mark = ledger_mark
         self.ledger_key = ledger_key

@@ -364,7 +364,7 @@ def test_a_pack_names_its_ranges_as_columns_and_one_written_as_lists_is_still_fo
     content["at"] = [[t.topic, t.partition, t.start, t.end] for t in PACK]
     path.write_text(json.dumps(content))
     assert ledger.lookup_pack(PACK, FINGERPRINT, key) == PACK_RECORDS
-    assert ledger.lookup_pack_columns(PACK, FINGERPRINT, key)["count"] == [10, 10, 4, 1]
+    assert ledger.lookup_pack_columns(TaskColumns.of(PACK), FINGERPRINT, key)["count"] == [10, 10, 4, 1]
     regrouped = PACK[:2] + (task(5, 8, topic="other", partition=3),) + PACK[3:]
     assert ledger.lookup_pack(regrouped, FINGERPRINT, key) is None
 
