@@ -79,9 +79,6 @@ class RangeReader:
         self.generator = restore_generator(options.watermark, task.state.generator)
         self.assigner = make_assigner(options.watermark)
         self.per_record = needs_records(self.generator, self.assigner)
-        # its blocks may be computed with other ranges' (compute_ranges): nothing decoded
-        self.at_once = (at_once(self.generator, self.assigner) and decoders.key is None
-                        and decoders.value is None)
         self.advanced = from_optional(task.state.advanced_ms)
         self.previous = from_optional(task.previous_ms)
         self.count = 0
@@ -280,7 +277,7 @@ class RangeReader:
 def ranges_at_once(options: SourceOptions, decoders: Decoders) -> bool:
     """Whether a task's ranges may be computed together (``RangeColumns``): the watermark
     options' generator and assigner allow it (``watermarks.at_once``, one configuration for
-    every range of a task) and nothing is decoded; ``RangeReader.at_once`` for each range."""
+    every range of a task) and nothing is decoded."""
     config = options.watermark
     return (at_once(make_generator(config), make_assigner(config)) and decoders.key is None
             and decoders.value is None)

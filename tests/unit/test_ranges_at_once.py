@@ -82,7 +82,6 @@ def test_many_ranges_at_once_give_each_range_s_own_rows_and_state(ranges, strate
     assert ranges_at_once(options, Decoders())
     for _ in range(3):   # three blocks in a row, each range starting where the last left it
         alone = [RangeReader(options, layout, Decoders(), task) for task in tasks]
-        assert all(r.at_once for r in alone)
         stamps = [[rng.choice([-1, rng.randrange(0, 90_000)]) for _ in range(rng.randrange(1, 6))]
                   for _ in tasks]
         expected = [reader._compute(_block("t", task.partition, s))
@@ -152,14 +151,12 @@ def test_segmented_running_max_restarts_at_each_segment(segments):
 
 def test_a_range_that_decodes_or_assigns_its_own_way_is_computed_alone():
     options = _options(STRATEGIES[0], "keep")
-    layout = arrow.OutputLayout()
-    task = RangeTask("t", 0, 0, 10, PartitionState(), True, None, UNDEFINED)
-    assert RangeReader(options, layout, Decoders(), task).at_once
-    assert not RangeReader(options, layout, Decoders(value=object()), task).at_once
+    assert ranges_at_once(options, Decoders())
+    assert not ranges_at_once(options, Decoders(value=object()))
     by_function = parse_options({"kafka.bootstrap.servers": "fake:9092", "subscribe": "t",
                                  "eventTime.assigner": "builtins:len"})
-    assert not RangeReader(by_function, layout, Decoders(), task).at_once
+    assert not ranges_at_once(by_function, Decoders())
     punctuated = parse_options({"kafka.bootstrap.servers": "fake:9092", "subscribe": "t",
                                 "watermark.strategy": "punctuated",
                                 "watermark.punctuation": "builtins:bool"})
-    assert not RangeReader(punctuated, layout, Decoders(), task).at_once
+    assert not ranges_at_once(punctuated, Decoders())
