@@ -413,19 +413,6 @@ class RangeTask:
         return self.topic, self.partition
 
 
-def new_task(topic: str, partition: int, start: int, end: int, state: PartitionState,
-             counted: bool, previous_ms: int | None, others_ms: int, floor_ms: int | None
-             ) -> RangeTask:
-    """``RangeTask(...)``, as :func:`new_lag`: the planner makes one per partition read in
-    a batch (thousands), where the frozen dataclass's ``__init__`` sets nine fields one
-    ``object.__setattr__`` at a time."""
-    task = object.__new__(RangeTask)
-    task.__dict__.update(topic=topic, partition=partition, start=start, end=end, state=state,
-                         counted=counted, previous_ms=previous_ms, others_ms=others_ms,
-                         floor_ms=floor_ms)
-    return task
-
-
 # A RangeTask's fields but its state, and a PartitionState's, in declaration order.
 _TASK_NAMES = tuple(f.name for f in fields(RangeTask) if f.name != "state")
 _STATE_ORDER = tuple(f.name for f in fields(PartitionState))
@@ -486,7 +473,7 @@ class TaskColumns:
                 end: list[int], states: list[PartitionState], counted: list[bool],
                 previous_ms: int | None, others_ms: list[int], floor_ms: list[int | None]
                 ) -> TaskColumns:
-        """A batch's ranges as the planner makes them, a column at a time (``new_task``'s
+        """A batch's ranges as the planner makes them, a column at a time (``RangeTask``'s
         fields; ``previous_ms`` is the batch's, the same for every range)."""
         fields_of = {"topic": topic, "partition": partition, "start": start, "end": end,
                      "counted": counted, "previous_ms": [previous_ms] * len(start),
@@ -563,13 +550,6 @@ def with_state(offset: BatchOffset, tp: TopicPartition, **changes) -> BatchOffse
     current = partitions[tp]
     partitions[tp] = replace(current, state=replace(current.state, **changes))
     return replace(offset, partitions=partitions)
-
-
-def pack_tasks(tasks: list[RangeTask], min_records: int | None, min_partitions: int | None,
-               max_records: int | None) -> list[tuple[RangeTask, ...]]:
-    """:func:`pack_bounds` of ``tasks``, as tuples of them."""
-    return [tuple(tasks[low:high]) for low, high in pack_bounds(
-        [t.end - t.start for t in tasks], min_records, min_partitions, max_records)]
 
 
 def pack_bounds(sizes: list[int], min_records: int | None, min_partitions: int | None,

@@ -362,21 +362,19 @@ def test_an_updated_state_changes_only_what_is_named():
 
 
 def test_the_planners_quick_constructors_make_the_dataclasses_own_objects():
-    """new_lag, new_range and new_task skip the frozen dataclasses' field-by-field
+    """new_lag and new_range skip the frozen dataclasses' field-by-field
     ``__init__`` (thousands a batch): what they make is equal to the object the dataclass
     makes, pickles as it does (to the executors), and stays frozen."""
     import dataclasses
     import pickle
 
-    from kwatermark.offsets import PartitionLag, RangeTask, new_lag, new_range, new_task
+    from kwatermark.offsets import PartitionLag, new_lag, new_range
 
     state = PartitionState(generator={"max_ts": 5}, max_event_ms=5, last_read_ms=9)
     lag = new_lag(1, 2, 3, 4, 5)
     made = [
         (lag, PartitionLag(1, 2, 3, 4, 5)),
         (new_range(3, 7, state, lag), PartitionRange(3, 7, state, PartitionLag(1, 2, 3, 4, 5))),
-        (new_task("t", 2, 3, 7, state, True, None, -1, 4),
-         RangeTask("t", 2, 3, 7, state, True, None, -1, 4)),
     ]
     for quick, own in made:
         assert quick == own and repr(quick) == repr(own)

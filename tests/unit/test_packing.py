@@ -18,13 +18,19 @@ from hypothesis import strategies as st
 
 from kwatermark.arrow import OutputLayout
 from kwatermark.ledger import record_columns, record_key
-from kwatermark.offsets import BatchOffset, PartitionState, RangeTask, TaskColumns, pack_tasks
+from kwatermark.offsets import BatchOffset, PartitionState, RangeTask, TaskColumns, pack_bounds
 from kwatermark.options import DEFAULT_MIN_RECORDS_PER_PARTITION, parse_options
 from kwatermark.planner import BatchPlanner, ReadLimits
 from kwatermark.reader import Decoders
 from tests.unit.test_progress_model import TOPIC, FakeBroker, read_task
 
 pytestmark = pytest.mark.usefixtures("brokers_answer")
+
+
+def pack_tasks(tasks, min_records, min_partitions, max_records) -> list[tuple]:
+    """``offsets.pack_bounds`` of ``tasks``' sizes, as the packs of tasks it makes."""
+    return [tuple(tasks[low:high]) for low, high in pack_bounds(
+        [t.end - t.start for t in tasks], min_records, min_partitions, max_records)]
 
 
 def ranges_of(sizes: list[int]) -> list[RangeTask]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pyspark.cloudpickle import cloudpickle
 from pyspark.serializers import CloudPickleSerializer
 
-from kwatermark.offsets import PartitionState, new_task
+from kwatermark.offsets import PartitionState, RangeTask
 from kwatermark.source import HeartbeatPartition, RangePartition
 
 
@@ -18,9 +18,9 @@ def _pack(ranges: int) -> tuple:
                        idle="advance", held=True),
         PartitionState(generator=[3, None, "plug-in"], idle="exclude"),
     ]
-    return tuple(new_task("events" if p % 2 else "other", p, 10 * p, 10 * p + 3,
-                          states[p % 3], p % 4 != 0, None if p % 5 else 77, -1001,
-                          None if p % 2 else 12)
+    return tuple(RangeTask("events" if p % 2 else "other", p, 10 * p, 10 * p + 3,
+                           states[p % 3], p % 4 != 0, None if p % 5 else 77, -1001,
+                           None if p % 2 else 12)
                  for p in range(ranges))
 
 
