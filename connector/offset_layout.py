@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import json
 import re
-from operator import attrgetter
+from bisect import bisect_right
+from itertools import chain
+from operator import itemgetter
 
 from kwatermark.offset_columns import (
     OMIT,
@@ -63,6 +65,7 @@ from kwatermark.offsets import (
     parse_tp_key,
     tp_key,
 )
+from kwatermark.partition_columns import OffsetColumns, columns_of
 
 KEY = "@kwatermark"
 LAYOUT = 2
@@ -81,18 +84,20 @@ _IDLE = ("count", "exclude", "advance")
 
 def to_json(offset: BatchOffset) -> dict:
     """``offset`` in layout 2."""
-    by_topic: dict[str, list[tuple[int, PartitionRange]]] = {}
-    for (topic, partition), r in offset.partitions.items():
-        if topic == KEY:
-            raise OffsetFormatError(f"offset: topic {KEY!r} cannot be written (reserved)")
-        by_topic.setdefault(topic, []).append((partition, r))
+    columns = columns_of(offset)
+    tps = columns.tps
     data: dict = {}
     topics: dict[str, _Topic] = {}
-    for topic in sorted(by_topic):
-        parts = sorted(by_topic[topic], key=lambda item: item[0])
-        data[topic] = {str(p): r.end for p, r in parts}
-        topics[topic] = _Topic([p for p, _ in parts], [r for _, r in parts],
-                               offset.planned_ms)
+    low = 0
+    while low < len(tps):   # a topic's partitions are consecutive rows, in order
+        topic = tps[low][0]
+        if topic == KEY:
+            raise OffsetFormatError(f"offset: topic {KEY!r} cannot be written (reserved)")
+        high = bisect_right(tps, topic, lo=low, key=itemgetter(0))
+        partitions = [p for _, p in tps[low:high]]
+        data[topic] = dict(zip(map(str, partitions), columns.end[low:high]))
+        topics[topic] = _Topic(partitions, columns, low, high, offset.planned_ms)
+        low = high
     every = _every(list(topics.values())) if len(topics) > 1 else {}
     own: dict = {"v": LAYOUT, "watermark": offset.watermark}
     if offset.heartbeat:
@@ -103,15 +108,23 @@ def to_json(offset: BatchOffset) -> dict:
         own["holder"] = tp_key(offset.holder)
     if every:
         own["every"] = every
-    columns = {}
-    for topic, written in topics.items():
-        left = {name: value for name, value in written.columns.items() if name not in every}
+    written = {}
+    for topic, columns_of_topic in topics.items():
+        left = {name: value for name, value in columns_of_topic.columns.items()
+                if name not in every}
         if left:
-            columns[topic] = left
-    if columns:
-        own["topics"] = columns
+            written[topic] = left
+    if written:
+        own["topics"] = written
     data[KEY] = own
     return data
+
+
+# A layout column and the OffsetColumns state or lag column it writes.
+_STATE_SOURCES = {"maxEvent": "max_event_ms", "advanced": "advanced_ms",
+                  "lastRead": "last_read_ms", "idle": "idle", "held": "held"}
+_LAG_SOURCES = {"wm": "watermark_ms", "procWm": "processing_wm_ms", "unread": "unread",
+                "eventLag": "event_lag_ms", "procLag": "processing_lag_ms"}
 
 
 class _Topic:
@@ -119,27 +132,20 @@ class _Topic:
     each that would do for any topic (:func:`offset_columns.shared_forms`: computed only
     when ``"every"`` needs them)."""
 
-    def __init__(self, partitions: list[int], ranges: list[PartitionRange],
+    def __init__(self, partitions: list[int], offset: OffsetColumns, low: int, high: int,
                  planned: int | None):
         self.columns: dict = {}
         self.written: dict[str, Column] = {}
         self._forms: dict[str, list] = {}
+        state, lag = offset.state, offset.lag
         values: dict[str, list] = {
-            "read": [r.end - r.start for r in ranges],
-            "maxEvent": [r.state.max_event_ms for r in ranges],
-            "advanced": [r.state.advanced_ms for r in ranges],
-            "lastRead": [r.state.last_read_ms for r in ranges],
-            "idle": [r.state.idle for r in ranges],
-            "held": [r.state.held for r in ranges],
-            "lag": [r.lag is not None for r in ranges],
-        }
-        lags = [r.lag for r in ranges]
-        for name, attribute in (("wm", "watermark_ms"), ("procWm", "processing_wm_ms"),
-                                ("unread", "unread"), ("eventLag", "event_lag_ms"),
-                                ("procLag", "processing_lag_ms")):
-            get = attrgetter(attribute)
-            values[name] = [None if lag is None else get(lag) for lag in lags]
-        snapshots = [r.state.generator for r in ranges]
+            "read": [e - s for s, e in zip(offset.start[low:high], offset.end[low:high])],
+            "lag": offset.has_lag[low:high]}
+        for name, source in _STATE_SOURCES.items():
+            values[name] = state[source][low:high]
+        for name, source in _LAG_SOURCES.items():
+            values[name] = lag[source][low:high]
+        snapshots = state["generator"][low:high]
         keys = _flat_keys(snapshots)
         self._put(partitions, "read", values["read"], 0)
         if keys is None:
@@ -227,13 +233,14 @@ def _flat_keys(snapshots: list) -> list[str] | None:
     """The keys of the snapshots when every one is None or an object of scalars with the
     same keys (at least one of them an object); else None (kept whole)."""
     present = [snapshot for snapshot in snapshots if snapshot is not None]
-    if not present or not all(isinstance(snapshot, dict) for snapshot in present):
+    if not present or not all(issubclass(kind, dict) for kind in set(map(type, present))):
         return None
     shapes = set(map(tuple, present))   # each snapshot's keys, in their order
     if len(shapes) > 1 and len(set(map(frozenset, shapes))) > 1:
         return None
     keys = sorted(present[0])
-    kinds = {type(snapshot[key]) for key in keys for snapshot in present}
+    # every snapshot has these keys: the types of all their values
+    kinds = set(map(type, chain.from_iterable(map(dict.values, present))))
     if not kinds <= SCALAR_TYPES and not all(issubclass(k, SCALARS) for k in kinds):
         return None
     return keys

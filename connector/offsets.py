@@ -135,27 +135,6 @@ class PartitionRange:
     lag: PartitionLag | None = None
 
 
-def new_lag(watermark_ms: int | None, processing_wm_ms: int | None,
-            event_lag_ms: int | None, processing_lag_ms: int | None,
-            unread: int | None) -> PartitionLag:
-    """``PartitionLag(...)`` at half the cost of the frozen dataclass's ``__init__`` (which
-    sets each field through ``object.__setattr__``): the planner makes one per partition
-    and batch."""
-    lag = object.__new__(PartitionLag)
-    lag.__dict__.update(watermark_ms=watermark_ms, processing_wm_ms=processing_wm_ms,
-                        event_lag_ms=event_lag_ms, processing_lag_ms=processing_lag_ms,
-                        unread=unread)
-    return lag
-
-
-def new_range(start: int, end: int, state: PartitionState, lag: PartitionLag | None
-              ) -> PartitionRange:
-    """``PartitionRange(start, end, state, lag)``, as :func:`new_lag`."""
-    r = object.__new__(PartitionRange)
-    r.__dict__.update(start=start, end=end, state=state, lag=lag)
-    return r
-
-
 @dataclass(frozen=True)
 class BatchOffset:
     watermark: int | None
@@ -307,14 +286,21 @@ def read_densities(start: BatchOffset, states: dict[TopicPartition, PartitionSta
     the ranges' ends), or, read from no event time (a new query's first batch), over the span
     from the ``lowest`` event time it read. None for a partition that read nothing or whose
     event times did not move."""
+    from kwatermark.partition_columns import StateMap, columns_of
+
+    columns = columns_of(start)
+    if isinstance(states, StateMap) and states.columns.tps == columns.tps:
+        after_of = states.columns.state["max_event_ms"]
+    else:
+        after_of = [states[tp].max_event_ms if tp in states else None for tp in columns.tps]
+    lowest = lowest or {}
     found = {}
-    for tp, r in start.partitions.items():
-        before = r.state.max_event_ms
+    for tp, start_at, end, before, after in zip(columns.tps, columns.start, columns.end,
+                                                columns.state["max_event_ms"], after_of):
         if before is None:
-            before = (lowest or {}).get(tp)
-        after = states[tp].max_event_ms if tp in states else None
-        if r.end > r.start and before is not None and after is not None and after > before:
-            found[tp] = (r.end - r.start) / (after - before)
+            before = lowest.get(tp)
+        if end > start_at and before is not None and after is not None and after > before:
+            found[tp] = (end - start_at) / (after - before)
     return found
 
 
@@ -470,16 +456,17 @@ class TaskColumns:
 
     @classmethod
     def planned(cls, topic: list[str], partition: list[int], start: list[int],
-                end: list[int], states: list[PartitionState], counted: list[bool],
+                end: list[int], states: dict[str, list], counted: list[bool],
                 previous_ms: int | None, others_ms: list[int], floor_ms: list[int | None]
                 ) -> TaskColumns:
         """A batch's ranges as the planner makes them, a column at a time (``RangeTask``'s
-        fields; ``previous_ms`` is the batch's, the same for every range)."""
+        fields, ``states`` a list per PartitionState field by name; ``previous_ms`` is the
+        batch's, the same for every range)."""
         fields_of = {"topic": topic, "partition": partition, "start": start, "end": end,
                      "counted": counted, "previous_ms": [previous_ms] * len(start),
                      "others_ms": others_ms, "floor_ms": floor_ms}
         return cls(([fields_of[name] for name in _TASK_NAMES],
-                    [[getattr(state, name) for state in states] for name in _STATE_ORDER]))
+                    [states[name] for name in _STATE_ORDER]))
 
     def __len__(self) -> int:
         return len(self.start)

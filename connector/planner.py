@@ -7,7 +7,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from operator import attrgetter
@@ -26,8 +26,6 @@ from kwatermark.offsets import (
     TopicPartition,
     fill_densities,
     held_by_alignment,
-    new_lag,
-    new_range,
     pack_bounds,
     plan_splits,
     rate_limit,
@@ -35,6 +33,14 @@ from kwatermark.offsets import (
 )
 from kwatermark.options import EARLIEST, LATEST, OffsetBound, SourceOptions
 from kwatermark.pack import PackReader
+from kwatermark.partition_columns import (
+    STATE_FIELDS,
+    OffsetColumns,
+    RangeMap,
+    StateMap,
+    columns_of,
+    with_columns,
+)
 from kwatermark.reader import Decoders
 from kwatermark.watermarks import (
     NO_PARTITIONS,
@@ -86,42 +92,48 @@ def _utc(ms: int) -> str:
         timespec="milliseconds").replace("+00:00", "Z")
 
 
-def observe_lags(start: BatchOffset, begins: dict[TopicPartition, int],
-                 ends: dict[TopicPartition, int], states: dict[TopicPartition, PartitionState],
-                 marks: dict[TopicPartition, int], latest: dict[TopicPartition, int], now: int
-                 ) -> dict[TopicPartition, PartitionRange]:
-    """The next batch's ranges (``begins`` to ``ends``, from ``states``), each with the
-    partition's event-time and processing lag as the driver sees them at ``now`` (DESIGN
-    §13), from the batch before (``start``) and the broker's end offsets.
+def observe_lags(before: OffsetColumns, planned: int | None, tps: list[TopicPartition],
+                 begins: list[int], latest: list[int], marks: list[int], now: int
+                 ) -> tuple[list[bool], dict[str, list]]:
+    """The next batch's lag columns (``OffsetColumns.lag``, each partition's ``tps[i]``
+    reading from ``begins[i]``, the broker's end offset ``latest[i]``, its watermark
+    ``marks[i]``): its event-time and processing lag as the driver sees them at ``now``
+    (DESIGN §13), from the batch before (``before``, planned at ``planned``).
 
     The processing-time watermark moves to the planning time of the previous batch when that
     batch planned everything the partition had then (it has run since: every record appended
     before it was planned has been read), and to ``now`` when nothing is unread now.
     """
-    observed = {}
-    before_all = start.partitions
-    planned = start.planned_ms
-    for tp, state in states.items():
-        begin = begins[tp]
-        processing_wm = None
-        before = before_all.get(tp)
-        lag = None if before is None else before.lag
-        if lag is not None:
-            processing_wm = lag.processing_wm_ms
-            if (planned is not None and lag.unread is not None
-                    and before.end - before.start == lag.unread):
-                processing_wm = planned if processing_wm is None else max(processing_wm,
-                                                                          planned)
-        unread = latest.get(tp, begin) - begin
+    if before.tps == tps:
+        had, earlier, left, starts, ends = (before.has_lag, before.lag["processing_wm_ms"],
+                                            before.lag["unread"], before.start, before.end)
+    else:   # partitions joined or left: each one's row before, if it had one
+        rows = [before.index.get(tp) for tp in tps]
+        had = [row is not None and before.has_lag[row] for row in rows]
+        earlier, left, starts, ends = (
+            [None if row is None else column[row] for row in rows]
+            for column in (before.lag["processing_wm_ms"], before.lag["unread"],
+                           before.start, before.end))
+    marks_of, processing_of, unread_of, event_lags, processing_lags = [], [], [], [], []
+    for has, processing_wm, unread_then, start, end, begin, last, mark in zip(
+            had, earlier, left, starts, ends, begins, latest, marks):
+        if not has:
+            processing_wm = None
+        elif planned is not None and unread_then is not None and end - start == unread_then:
+            processing_wm = planned if processing_wm is None else max(processing_wm, planned)
+        unread = last - begin
         if unread <= 0:
             unread = 0
             processing_wm = now if processing_wm is None else max(processing_wm, now)
-        watermark = marks[tp]
-        watermark = None if watermark in (UNDEFINED, NO_PARTITIONS) else watermark
-        observed[tp] = new_range(begin, ends[tp], state, new_lag(
-            watermark, processing_wm, None if watermark is None else now - watermark,
-            None if processing_wm is None else now - processing_wm, unread))
-    return observed
+        watermark = None if mark == UNDEFINED or mark == NO_PARTITIONS else mark
+        marks_of.append(watermark)
+        processing_of.append(processing_wm)
+        unread_of.append(unread)
+        event_lags.append(None if watermark is None else now - watermark)
+        processing_lags.append(None if processing_wm is None else now - processing_wm)
+    return [True] * len(tps), {"watermark_ms": marks_of, "processing_wm_ms": processing_of,
+                               "event_lag_ms": event_lags,
+                               "processing_lag_ms": processing_lags, "unread": unread_of}
 
 
 @dataclass(frozen=True)
@@ -169,10 +181,6 @@ class BatchPlanner:
         self._start_marks: tuple[BatchOffset, dict, dict] | None = None
         # The read limit's inputs for those marks: (marks, priority, densities).
         self._start_limits: tuple[dict, dict, dict] | None = None
-        # The start offset of the last planning that readied its partitions' states while
-        # the brokers answered (_while_asked): once per start, not at every ask of an idle
-        # query.
-        self._readied_from: BatchOffset | None = None
         self._plans_clock: bool | None = None   # the generator takes the planning time
         self._target: dict[TopicPartition, int] | None = None
         self._last_trigger_ms: int | None = None
@@ -195,7 +203,7 @@ class BatchPlanner:
         state.update(_policy=None, _folded=None, _tasks=None, _keys=None, latest_seen={},
                      _announced=set(), _known=[], _may_hold=None, _marks={}, _topic_ids={},
                      _behind_since={}, _snapshot_mark=None, _offset_marks=None,
-                     _start_marks=None, _start_limits=None, _readied_from=None)
+                     _start_marks=None, _start_limits=None)
         return state
 
     def offset(self, data: object) -> BatchOffset:
@@ -204,7 +212,7 @@ class BatchPlanner:
         for known_json, known in self._known:
             if data == known_json:
                 return known
-        offset = BatchOffset.from_json(data)
+        offset = with_columns(BatchOffset.from_json(data))
         if isinstance(data, dict):
             self._remember(data, offset)
         return offset
@@ -348,9 +356,8 @@ class BatchPlanner:
                                 read_before={t for t, _ in start.partitions}, ahead=ahead)
         self._checked = True
         begins = self._begins(start, current, previous)
-        readied = None
         if ahead is not None and not ahead.ends.done():
-            readied = self._while_asked(start, states, begins, limits, now)
+            self._while_asked(start, states, begins, limits)
         latest = self._monotone(self.metadata.latest_offsets(list(begins), ahead),
                                 begins)
         for tp, begin in list(begins.items()):
@@ -361,9 +368,10 @@ class BatchPlanner:
         if latest != self.latest_seen:   # else the same object: reportLatestOffset's cache
             self.latest_seen = dict(latest)
         ends = dict(latest)
-        if self._target is not None:
-            ends = {tp: min(end, self._target.get(tp, begins[tp])) for tp, end in ends.items()}
-            ends = {tp: max(end, begins[tp]) for tp, end in ends.items()}
+        target = self._target
+        if target is not None:
+            ends = {tp: max(min(end, target.get(tp, begins[tp])), begins[tp])
+                    for tp, end in ends.items()}
         if not self.options.heartbeat and ends == begins:
             # Nothing new anywhere (a read limit only takes records away): no batch, and no
             # per-partition work. Spark asks again every few ms while a query idles (10 ms
@@ -375,46 +383,59 @@ class BatchPlanner:
             return None
         if available and self._held_back(limits, available, now):
             return None
-        planned: dict[TopicPartition, PartitionState] = {}
-        marks: dict[TopicPartition, int] = {}
         # Clock-driven generators (timelag) take the planning time into their state, hence
         # into the offset: a replay sees the same time (DESIGN §13). The clock alone never
         # plans a batch, so heartbeat batches do not tick it.
         clocked = available and self._clock_plans()
         # The default policy decides nothing per partition: asked once, not 4,096 times.
         never_idle = isinstance(self.policy, idle.NeverIdle)
-        for tp in sorted(ends):
-            if readied is not None and ends[tp] > begins[tp] and tp not in held:
-                state = readied.get(tp)
-                if state is not None:   # as the lines below would make it
-                    planned[tp] = state
+        tps = sorted(ends)
+        folded = states.columns if isinstance(states, StateMap) else None
+        if never_idle and not clocked and not held and folded is not None \
+                and folded.tps == tps:
+            # Every partition plans its folded state as it is, read at ``now`` if it has
+            # records to read, counted and not held: its watermark is the one _admit saw.
+            # The loop below, a column at a time (4,096 partitions a planning).
+            planned_state, marks = self._planned_columns(folded, begins, ends, admitted_marks,
+                                                         now)
+            counted = marks
+        else:
+            planned: dict[TopicPartition, PartitionState] = {}
+            marks = {}
+            for tp in tps:
+                folded_state = states.get(tp)
+                base = folded_state or PartitionState(last_read_ms=now)
+                if clocked:
+                    base = self._clocked(base, now)
+                # A held partition is paused on purpose, not idle: it counts as read.
+                is_held = tp in held
+                last_read = now if ends[tp] > begins[tp] or is_held else base.last_read_ms
+                if base.last_read_ms != last_read or base.held != is_held:
+                    base = base.updated(last_read_ms=last_read, held=is_held)
+                if never_idle:
+                    state = base if base.idle == idle.COUNT else base.updated(idle=idle.COUNT)
+                else:
+                    state = self._decide(tp, base, unread=latest[tp] - begins[tp], now=now)
+                planned[tp] = state
+                # A partition's watermark is its generator's and its advance's: unchanged
+                # since _admit asked it unless the clock or an idle decision changed either.
+                if folded_state is not None and state.generator is folded_state.generator \
+                        and state.advanced_ms == folded_state.advanced_ms:
                     marks[tp] = admitted_marks[tp]
-                    continue
-            folded = states.get(tp)
-            base = folded or PartitionState(last_read_ms=now)
-            if clocked:
-                base = self._clocked(base, now)
-            # A held partition is paused on purpose, not idle: it counts as read.
-            is_held = tp in held
-            last_read = now if ends[tp] > begins[tp] or is_held else base.last_read_ms
-            if base.last_read_ms != last_read or base.held != is_held:
-                base = base.updated(last_read_ms=last_read, held=is_held)
-            if never_idle:
-                state = base if base.idle == idle.COUNT else base.updated(idle=idle.COUNT)
-            else:
-                state = self._decide(tp, base, unread=latest[tp] - begins[tp], now=now)
-            planned[tp] = state
-            # A partition's watermark is its generator's and its advance's: unchanged since
-            # _admit asked it unless the clock or an idle decision changed either.
-            if folded is not None and state.generator is folded.generator \
-                    and state.advanced_ms == folded.advanced_ms:
-                marks[tp] = admitted_marks[tp]
-            else:
-                marks[tp] = self.partition_watermark(state)
-        counted = {tp: marks[tp] for tp, state in planned.items() if state.idle != idle.EXCLUDE}
+                else:
+                    marks[tp] = self.partition_watermark(state)
+            planned_state = {name: [getattr(planned[tp], name) for tp in tps]
+                             for name in STATE_FIELDS}
+            counted = {tp: marks[tp] for tp, state in planned.items()
+                       if state.idle != idle.EXCLUDE}
         percentile = self.options.watermark.percentile
         watermark = emitted(previous, combined_watermark(list(counted.values()), percentile))
-        partitions = observe_lags(start, begins, ends, planned, marks, latest, now)
+        begin = list(map(begins.__getitem__, tps))
+        has_lag, lags = observe_lags(columns_of(start), start.planned_ms, tps, begin,
+                                     [latest.get(tp, b) for tp, b in zip(tps, begin)],
+                                     list(marks.values()), now)
+        partitions = RangeMap(OffsetColumns(tps, begin, list(map(ends.__getitem__, tps)),
+                                            planned_state, has_lag, lags))
         holds = holder(counted, percentile)
         if available == 0:
             # Nothing to read, but the watermark the last batch's rows carried is behind what
@@ -445,7 +466,8 @@ class BatchPlanner:
         """Each partition's watermark at the start of ``offset``'s ranges."""
         if self._offset_marks is not None and self._offset_marks[0] is offset:
             return self._offset_marks[1]
-        return {tp: self.partition_watermark(r.state) for tp, r in offset.partitions.items()}
+        columns = columns_of(offset)
+        return dict(zip(columns.tps, self.column_watermarks(columns)))
 
     def _monotone(self, latest: dict[TopicPartition, int], begins: dict[TopicPartition, int]
                   ) -> dict[TopicPartition, int]:
@@ -530,8 +552,10 @@ class BatchPlanner:
         known = set(current)
         for tp in sorted(set(start.partitions) - known):
             self._loss(tp, "the partition is gone (topic deleted or unsubscribed)")
-        begins = {tp: r.end for tp, r in start.partitions.items() if tp in known}
-        new = [tp for tp in current if tp not in start.partitions]
+        columns = columns_of(start)
+        begins = {tp: end for tp, end in zip(columns.tps, columns.end) if tp in known}
+        rows = columns.index
+        new = [tp for tp in current if tp not in rows]
         if new:
             firsts = self.metadata.earliest_offsets(new)
             begins.update(firsts)
@@ -567,33 +591,30 @@ class BatchPlanner:
             "time <= %d (watermark - allowedLateness %d ms) are late and %s",
             joined, mark, _utc(mark), mark - lateness, lateness, treatment)
 
-    def _while_asked(self, start: BatchOffset, states: dict[TopicPartition, PartitionState],
-                     begins: dict[TopicPartition, int], limits: ReadLimits, now: int
-                     ) -> dict[TopicPartition, PartitionState] | None:
+    def _while_asked(self, start: BatchOffset, states: Mapping[TopicPartition, PartitionState],
+                     begins: dict[TopicPartition, int], limits: ReadLimits) -> None:
         """The planning's work that needs no end offset, done while the brokers answer
         (the lookup takes ~30 ms at 4,096 partitions inside Spark's planning process):
-        each partition's watermark, the read limit's inputs, and, on the first ask from
-        ``start``, the state each folded partition plans at ``now`` if it reads and is not
-        held (the common case of ``latest_offset``'s loop, which takes them as they are).
-        None where the loop decides otherwise anyway (a clock-driven generator, an idle
-        policy) and when asked again from the same start (an idle query is asked every few
-        ms: it readies its states once)."""
+        each partition's watermark and the read limit's inputs."""
         self._state_marks(start, states, begins)
         if limits.max_rows is not None:
             self._limit_inputs(start, states, begins)
-        if self._readied_from is start or self._clock_plans() \
-                or not isinstance(self.policy, idle.NeverIdle):
-            return None
-        self._readied_from = start
-        readied = {}
-        for tp in begins:
-            state = states.get(tp)
-            if state is None:
-                continue   # new to the query: its state is made at planning
-            if state.last_read_ms != now or state.held or state.idle != idle.COUNT:
-                state = state.updated(last_read_ms=now, held=False, idle=idle.COUNT)
-            readied[tp] = state
-        return readied
+
+    def _planned_columns(self, folded: OffsetColumns, begins: dict[TopicPartition, int],
+                         ends: dict[TopicPartition, int], admitted: dict[TopicPartition, int],
+                         now: int) -> tuple[dict[str, list], dict[TopicPartition, int]]:
+        """The planned state columns and each partition's watermark where every partition
+        of ``folded`` plans its folded state, read at ``now`` if it has records to read
+        (``begins`` to ``ends``), counted and not held (the default idle policy, no clock,
+        nothing held by alignment): its watermark is the one ``_admit`` saw."""
+        tps = folded.tps
+        n = len(tps)
+        state = dict(folded.state)
+        state["last_read_ms"] = [now if ends[tp] > begins[tp] else last for tp, last
+                                 in zip(tps, folded.state["last_read_ms"])]
+        state["idle"] = [idle.COUNT] * n
+        state["held"] = [False] * n
+        return state, dict(zip(tps, map(admitted.__getitem__, tps)))
 
     def _admit(self, begins: dict[TopicPartition, int], ends: dict[TopicPartition, int],
                states: dict[TopicPartition, PartitionState], limits: ReadLimits,
@@ -646,12 +667,18 @@ class BatchPlanner:
         known = self._start_marks
         if known is not None and known[0] is start and known[1].keys() == tps.keys():
             return known[1], known[2]
-        marks, counted = {}, {}
-        fresh = PartitionState()
-        for tp in tps:
-            state = states.get(tp) or fresh
-            marks[tp] = self.partition_watermark(state)
-            counted[tp] = state.idle != idle.EXCLUDE
+        columns = states.columns if isinstance(states, StateMap) else None
+        if columns is not None and tps.keys() == columns.index.keys():
+            marks = dict(zip(columns.tps, self.column_watermarks(columns)))
+            counted = dict(zip(columns.tps, [decision != idle.EXCLUDE
+                                             for decision in columns.state["idle"]]))
+        else:
+            marks, counted = {}, {}
+            fresh = PartitionState()
+            for tp in tps:
+                state = states.get(tp) or fresh
+                marks[tp] = self.partition_watermark(state)
+                counted[tp] = state.idle != idle.EXCLUDE
         self._start_marks = (start, marks, counted)
         return marks, counted
 
@@ -698,12 +725,21 @@ class BatchPlanner:
         log.warning("data loss (failOnDataLoss=false): %s", message)
 
     def partition_watermark(self, state: PartitionState) -> int:
+        mark = self._mark_of_snapshot()(state.generator)
+        advanced = state.advanced_ms
+        return mark if advanced is None or advanced <= mark else advanced
+
+    def column_watermarks(self, columns: OffsetColumns) -> list[int]:
+        """``partition_watermark`` of each partition of ``columns``, in its order."""
+        marks = map(self._mark_of_snapshot(), columns.state["generator"])
+        return [mark if advanced is None or advanced <= mark else advanced
+                for mark, advanced in zip(marks, columns.state["advanced_ms"])]
+
+    def _mark_of_snapshot(self):
         if self._snapshot_mark is None:
             self._snapshot_mark = (snapshot_watermark(self.options.watermark)
                                    or self._restored_mark)
-        mark = self._snapshot_mark(state.generator)
-        advanced = state.advanced_ms
-        return mark if advanced is None or advanced <= mark else advanced
+        return self._snapshot_mark
 
     def _restored_mark(self, snapshot: object) -> int:
         # A plug-in generator's watermark is a function of its snapshot, asked for several
@@ -734,13 +770,14 @@ class BatchPlanner:
 
     def _plan_tasks(self, offset: BatchOffset) -> TaskColumns:
         marks = self._marks_of(offset)
-        partitions = offset.partitions
-        counted = {tp: r.state.idle != idle.EXCLUDE for tp, r in partitions.items()}
+        columns = columns_of(offset)
+        counted = dict(zip(columns.tps, [decision != idle.EXCLUDE
+                                         for decision in columns.state["idle"]]))
         lowest = heapq.nsmallest(2, [(mark, tp) for tp, mark in marks.items() if counted[tp]])
         percentile = self.options.watermark.percentile
         bounds = (row_bounds(marks, {tp for tp in marks if counted[tp]}, percentile)
                   if percentile != "100" else None)
-        splits = plan_splits({tp: (r.start, r.end) for tp, r in partitions.items()},
+        splits = plan_splits(dict(zip(columns.tps, zip(columns.start, columns.end))),
                              self.options.min_partitions,
                              self.options.max_records_per_partition,
                              can_split(make_generator(self.options.watermark)))
@@ -748,23 +785,26 @@ class BatchPlanner:
         # own rows are capped by the second lowest (NO_PARTITIONS: none other counts).
         first_mark, first_owner = lowest[0] if lowest else (NO_PARTITIONS, None)
         second_mark = lowest[1][0] if len(lowest) > 1 else NO_PARTITIONS
-        topics, numbers, starts, ends, states, counts, ceilings, floors = (
+        index = columns.index
+        topics, numbers, starts, ends, rows, counts, ceilings, floors = (
             [], [], [], [], [], [], [], [])
         for tp, pieces in sorted(splits.items()):
             ceiling, floor = (second_mark if tp == first_owner else first_mark), None
             if bounds is not None:
                 floor, ceiling = bounds[tp]
                 floor = to_optional(floor)
-            state, is_counted = partitions[tp].state, counted[tp]
+            row, is_counted = index[tp], counted[tp]
             for start, end in pieces:
                 topics.append(tp[0])
                 numbers.append(tp[1])
                 starts.append(start)
                 ends.append(end)
-                states.append(state)
+                rows.append(row)
                 counts.append(is_counted)
                 ceilings.append(ceiling)
                 floors.append(floor)
+        states = {name: list(map(column.__getitem__, rows))
+                  for name, column in columns.state.items()}
         return TaskColumns.planned(topics, numbers, starts, ends, states, counts,
                                    offset.watermark, ceilings, floors)
 
@@ -810,7 +850,7 @@ class BatchPlanner:
                              self.options.max_records_per_partition)
         return [tasks.rows(low, high) for low, high in bounds]
 
-    def fold(self, offset: BatchOffset) -> tuple[dict[TopicPartition, PartitionState], int]:
+    def fold(self, offset: BatchOffset) -> tuple[Mapping[TopicPartition, PartitionState], int]:
         """Each partition's state at ``to`` of the batch ending at ``offset``, and the highest
         watermark any row of that batch carried."""
         if self._folded is not None and (self._folded[0] is offset
@@ -838,29 +878,33 @@ class BatchPlanner:
                         "progress records were not in watermark.stateLocation=%s (on a "
                         "cluster, set it to a location every executor can write)",
                         len(missing), len(tasks), self.options.state_location)
-        # A partition's record, or its sub-ranges' records in offset order (minPartitions):
-        # one record alone is the common case, thousands of times per batch, and no list.
-        records: dict[TopicPartition, tuple | list[tuple]] = {}
-        for tp, record in zip(zip(tasks.topic, tasks.partition), found):
-            before = records.get(tp)
-            if before is None:
-                records[tp] = record
-            elif type(before) is list:
-                before.append(record)
-            else:
-                records[tp] = [before, record]
-        states = {}
+        # A partition's record, or its sub-ranges' records in offset order (minPartitions,
+        # maxRecordsPerPartition): one record alone is the common case, thousands of times
+        # per batch, and no list.
+        records: dict[TopicPartition, tuple | list[tuple]] = dict(
+            zip(zip(tasks.topic, tasks.partition), found))
+        if len(records) != len(found):
+            records = {}
+            for tp, record in zip(zip(tasks.topic, tasks.partition), found):
+                before = records.get(tp)
+                if before is None:
+                    records[tp] = record
+                elif type(before) is list:
+                    before.append(record)
+                else:
+                    records[tp] = [before, record]
+        columns = columns_of(offset)
+        generators = list(columns.state["generator"])
+        max_events = list(columns.state["max_event_ms"])
+        rows = columns.index
         highest = UNDEFINED
         lowest = {}
-        for tp, r in offset.partitions.items():
-            done = records.get(tp)
-            if done is None:
-                states[tp] = r.state
-                continue
+        for tp, done in records.items():
+            row = rows[tp]
             if type(done) is not list:
                 snapshot, first, last, row_mark = done
             else:
-                generator = restore_generator(self.options.watermark, r.state.generator)
+                generator = restore_generator(self.options.watermark, generators[row])
                 for record in done:
                     generator.merge(record[0])
                 snapshot = generator.snapshot()
@@ -869,12 +913,17 @@ class BatchPlanner:
                 row_mark = max((d[3] for d in done if d[3] is not None), default=None)
             if first is not None:
                 lowest[tp] = first
-            before = r.state.max_event_ms
+            before = max_events[row]
             if last is None or (before is not None and before > last):
                 last = before
-            states[tp] = r.state.updated(generator=snapshot, max_event_ms=last)
+            generators[row] = snapshot
+            max_events[row] = last
             if row_mark is not None and row_mark > highest:
                 highest = row_mark
+        states = StateMap(OffsetColumns(
+            columns.tps, columns.start, columns.end,
+            {**columns.state, "generator": generators, "max_event_ms": max_events},
+            columns.has_lag, columns.lag))
         if offset.heartbeat:
             highest = from_optional(offset.watermark)
         self._folded = (offset, states, highest, lowest)
@@ -909,11 +958,13 @@ class BatchPlanner:
         run looks in every partition's directory (records of an earlier run); later ones only
         where this run's tasks or recomputes wrote since, not in thousands of directories
         that hold nothing."""
-        look = (end.partitions if self._may_hold is None
-                else [tp for tp in self._may_hold if tp in end.partitions])
+        columns = columns_of(end)
+        rows = columns.index
+        look = columns.tps if self._may_hold is None else [tp for tp in self._may_hold
+                                                          if tp in rows]
         holding = set()
         for tp in look:
-            if self.ledger.forget_before(tp[0], tp[1], end.partitions[tp].start):
+            if self.ledger.forget_before(tp[0], tp[1], columns.start[rows[tp]]):
                 holding.add(tp)
         self._may_hold = holding
 

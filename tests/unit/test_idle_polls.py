@@ -71,6 +71,10 @@ def test_an_idle_poll_plans_no_batch_and_walks_no_partition_state(tmp_path, monk
     watermark = reader.planner.partition_watermark
     monkeypatch.setattr(reader.planner, "partition_watermark",
                         lambda state: asked.append(state) or watermark(state))
+    # the planner's other way in, every partition's at once (as columns)
+    watermarks = reader.planner.column_watermarks
+    monkeypatch.setattr(reader.planner, "column_watermarks",
+                        lambda columns: asked.extend(columns.tps) or watermarks(columns))
     for poll in range(3):
         assert reader.latestOffset(_logged(start), ReadAllAvailable()) == start
         if poll == 0 and FakeBroker.answers_late:

@@ -361,23 +361,24 @@ def test_an_updated_state_changes_only_what_is_named():
         state.updated(lastRead=9)
 
 
-def test_the_planners_quick_constructors_make_the_dataclasses_own_objects():
-    """new_lag and new_range skip the frozen dataclasses' field-by-field
-    ``__init__`` (thousands a batch): what they make is equal to the object the dataclass
-    makes, pickles as it does (to the executors), and stays frozen."""
+def test_the_columns_quick_constructors_make_the_dataclasses_own_objects():
+    """An offset's columns build a partition's range, state and lag without the frozen
+    dataclasses' field-by-field ``__init__`` (``partition_columns.OffsetColumns``): what
+    they make is equal to the object the dataclass makes, pickles as it does, and stays
+    frozen."""
     import dataclasses
     import pickle
 
-    from kwatermark.offsets import PartitionLag, new_lag, new_range
+    from kwatermark.offsets import PartitionLag
+    from kwatermark.partition_columns import OffsetColumns
 
     state = PartitionState(generator={"max_ts": 5}, max_event_ms=5, last_read_ms=9)
-    lag = new_lag(1, 2, 3, 4, 5)
-    made = [
-        (lag, PartitionLag(1, 2, 3, 4, 5)),
-        (new_range(3, 7, state, lag), PartitionRange(3, 7, state, PartitionLag(1, 2, 3, 4, 5))),
-    ]
-    for quick, own in made:
-        assert quick == own and repr(quick) == repr(own)
-        assert pickle.loads(pickle.dumps(quick)) == own
+    own = PartitionRange(3, 7, state, PartitionLag(1, 2, 3, 4, 5))
+    columns = OffsetColumns.of({("t", 0): own})
+    quick = columns.range_at(0)
+    for made, expected in ((quick, own), (quick.state, state), (quick.lag, own.lag),
+                           (columns.state_at(0), state)):
+        assert made == expected and repr(made) == repr(expected)
+        assert pickle.loads(pickle.dumps(made)) == expected
         with pytest.raises(dataclasses.FrozenInstanceError):
-            setattr(quick, dataclasses.fields(quick)[0].name, 0)
+            setattr(made, dataclasses.fields(made)[0].name, 0)
