@@ -278,32 +278,6 @@ def fill_levels(parts: dict[TopicPartition, tuple[int, float, int]], rows: int
     return _whole(list(parts), takes, caps, rows)
 
 
-def read_densities(start: BatchOffset, states: dict[TopicPartition, PartitionState],
-                   lowest: dict[TopicPartition, int] | None = None
-                   ) -> dict[TopicPartition, float]:
-    """Records per ms of event time each partition read in the batch that ended at
-    ``start``: its range over how far its highest event time moved (``states``: the states at
-    the ranges' ends), or, read from no event time (a new query's first batch), over the span
-    from the ``lowest`` event time it read. None for a partition that read nothing or whose
-    event times did not move."""
-    from kwatermark.partition_columns import StateMap, columns_of
-
-    columns = columns_of(start)
-    if isinstance(states, StateMap) and states.columns.tps == columns.tps:
-        after_of = states.columns.state["max_event_ms"]
-    else:
-        after_of = [states[tp].max_event_ms if tp in states else None for tp in columns.tps]
-    lowest = lowest or {}
-    found = {}
-    for tp, start_at, end, before, after in zip(columns.tps, columns.start, columns.end,
-                                                columns.state["max_event_ms"], after_of):
-        if before is None:
-            before = lowest.get(tp)
-        if end > start_at and before is not None and after is not None and after > before:
-            found[tp] = (end - start_at) / (after - before)
-    return found
-
-
 def fill_densities(known: dict[TopicPartition, float], partitions: list[TopicPartition]
                    ) -> dict[TopicPartition, float]:
     """A density for each of ``partitions``: its own, else the median of the others' (a

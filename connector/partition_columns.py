@@ -30,6 +30,7 @@ from kwatermark.offsets import (
     PartitionState,
     TopicPartition,
 )
+from kwatermark.watermarks import NO_PARTITIONS, UNDEFINED
 
 # PartitionState's and PartitionLag's fields, in declaration order: the columns' names.
 STATE_FIELDS = tuple(f.name for f in fields(PartitionState))
@@ -194,3 +195,71 @@ def with_columns(offset: BatchOffset) -> BatchOffset:
         return offset
     return BatchOffset(offset.watermark, RangeMap(OffsetColumns.of(offset.partitions)),
                        offset.heartbeat, offset.planned_ms, offset.holder)
+
+
+def observe_lags(before: OffsetColumns, planned: int | None, tps: list[TopicPartition],
+                 begins: list[int], latest: list[int], marks: list[int], now: int
+                 ) -> tuple[list[bool], dict[str, list]]:
+    """The next batch's lag columns (``OffsetColumns.lag``, each partition's ``tps[i]``
+    reading from ``begins[i]``, the broker's end offset ``latest[i]``, its watermark
+    ``marks[i]``): its event-time and processing lag as the driver sees them at ``now``
+    (DESIGN §13), from the batch before (``before``, planned at ``planned``).
+
+    The processing-time watermark moves to the planning time of the previous batch when that
+    batch planned everything the partition had then (it has run since: every record appended
+    before it was planned has been read), and to ``now`` when nothing is unread now.
+    """
+    if before.tps == tps:
+        had, earlier, left, starts, ends = (before.has_lag, before.lag["processing_wm_ms"],
+                                            before.lag["unread"], before.start, before.end)
+    else:   # partitions joined or left: each one's row before, if it had one
+        rows = [before.index.get(tp) for tp in tps]
+        had = [row is not None and before.has_lag[row] for row in rows]
+        earlier, left, starts, ends = (
+            [None if row is None else column[row] for row in rows]
+            for column in (before.lag["processing_wm_ms"], before.lag["unread"],
+                           before.start, before.end))
+    marks_of, processing_of, unread_of, event_lags, processing_lags = [], [], [], [], []
+    for has, processing_wm, unread_then, start, end, begin, last, mark in zip(
+            had, earlier, left, starts, ends, begins, latest, marks):
+        if not has:
+            processing_wm = None
+        elif planned is not None and unread_then is not None and end - start == unread_then:
+            processing_wm = planned if processing_wm is None else max(processing_wm, planned)
+        unread = last - begin
+        if unread <= 0:
+            unread = 0
+            processing_wm = now if processing_wm is None else max(processing_wm, now)
+        watermark = None if mark == UNDEFINED or mark == NO_PARTITIONS else mark
+        marks_of.append(watermark)
+        processing_of.append(processing_wm)
+        unread_of.append(unread)
+        event_lags.append(None if watermark is None else now - watermark)
+        processing_lags.append(None if processing_wm is None else now - processing_wm)
+    return [True] * len(tps), {"watermark_ms": marks_of, "processing_wm_ms": processing_of,
+                               "event_lag_ms": event_lags,
+                               "processing_lag_ms": processing_lags, "unread": unread_of}
+
+
+def read_densities(start: BatchOffset, states: dict[TopicPartition, PartitionState],
+                   lowest: dict[TopicPartition, int] | None = None
+                   ) -> dict[TopicPartition, float]:
+    """Records per ms of event time each partition read in the batch that ended at
+    ``start``: its range over how far its highest event time moved (``states``: the states at
+    the ranges' ends), or, read from no event time (a new query's first batch), over the span
+    from the ``lowest`` event time it read. None for a partition that read nothing or whose
+    event times did not move."""
+    columns = columns_of(start)
+    if isinstance(states, StateMap) and states.columns.tps == columns.tps:
+        after_of = states.columns.state["max_event_ms"]
+    else:
+        after_of = [states[tp].max_event_ms if tp in states else None for tp in columns.tps]
+    lowest = lowest or {}
+    found = {}
+    for tp, start_at, end, before, after in zip(columns.tps, columns.start, columns.end,
+                                                columns.state["max_event_ms"], after_of):
+        if before is None:
+            before = lowest.get(tp)
+        if end > start_at and before is not None and after is not None and after > before:
+            found[tp] = (end - start_at) / (after - before)
+    return found

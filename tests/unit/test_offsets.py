@@ -19,10 +19,10 @@ from kwatermark.offsets import (
     held_by_alignment,
     plan_splits,
     rate_limit,
-    read_densities,
     split_range,
     with_state,
 )
+from kwatermark.partition_columns import read_densities
 
 
 def test_with_state_changes_one_partition():
