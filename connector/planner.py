@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from operator import attrgetter
+
+import numpy as np
 
 from kwatermark import idle
 from kwatermark.arrow import OutputLayout
@@ -28,7 +31,7 @@ from kwatermark.offsets import (
     held_by_alignment,
     pack_bounds,
     plan_splits,
-    rate_limit,
+    rate_limit_rows,
 )
 from kwatermark.options import EARLIEST, LATEST, OffsetBound, SourceOptions
 from kwatermark.pack import PackReader
@@ -88,6 +91,11 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _column(values: dict[TopicPartition, int], order: list[TopicPartition]) -> np.ndarray:
+    """``values`` of ``order`` as an int64 column."""
+    return np.fromiter(map(values.__getitem__, order), dtype=np.int64, count=len(order))
+
+
 def _utc(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(
         timespec="milliseconds").replace("+00:00", "Z")
@@ -137,7 +145,7 @@ class BatchPlanner:
         # (_state_marks).
         self._start_marks: tuple[BatchOffset, dict, dict] | None = None
         # The read limit's inputs for those marks: (marks, priority, densities).
-        self._start_limits: tuple[dict, dict, dict] | None = None
+        self._start_limits: tuple | None = None
         self._plans_clock: bool | None = None   # the generator takes the planning time
         self._target: dict[TopicPartition, int] | None = None
         self._last_trigger_ms: int | None = None
@@ -593,26 +601,34 @@ class BatchPlanner:
                 ends = {tp: begins[tp] if tp in held else end for tp, end in ends.items()}
         if limits.max_rows is not None:
             # Excluded partitions hold nothing: after every counted one.
-            priority, densities = self._limit_inputs(start, states, ends)
-            ends = rate_limit(begins, ends, limits.max_rows, priority, densities)
+            order, priority, densities = self._limit_inputs(start, states, ends)
+            limited = rate_limit_rows(_column(begins, order), _column(ends, order),
+                                      limits.max_rows, priority, densities)
+            ends = dict(zip(order, limited.tolist()))
         return ends, held, marks
 
     def _limit_inputs(self, start: BatchOffset, states: dict[TopicPartition, PartitionState],
                       tps: dict[TopicPartition, int]
-                      ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, float]]:
-        """The read limit's priority (each partition's watermark; excluded ones after
-        every counted one) and each watermark holder's density, for ``_state_marks(start,
-        states, tps)``; computed once for those marks. Callers do not change them."""
+                      ) -> tuple[list[TopicPartition], np.ndarray, np.ndarray | None]:
+        """The read limit's rows (``tps`` in (topic, partition) order), their priority (each
+        partition's watermark; excluded ones after every counted one) and each watermark
+        holder's density, for ``_state_marks(start, states, tps)``: computed once for those
+        marks, as columns (4,096 partitions a planning). Callers do not change them."""
         marks, counted = self._state_marks(start, states, tps)
         known = self._start_limits
         if known is not None and known[0] is marks:
-            return known[1], known[2]
-        priority = {tp: marks[tp] if counted[tp] else NO_PARTITIONS for tp in tps}
-        holders = [tp for tp in tps if counted[tp] and marks[tp] != UNDEFINED]
-        densities = fill_densities(read_densities(start, states, self.lowest_events(start)),
-                                   holders)
-        self._start_limits = (marks, priority, densities)
-        return priority, densities
+            return known[1:]
+        order = sorted(marks)
+        mark_rows = _column(marks, order)
+        counted_rows = np.fromiter(map(counted.__getitem__, order), dtype=bool, count=len(order))
+        priority = np.where(counted_rows, mark_rows, NO_PARTITIONS)
+        found = read_densities(start, states, self.lowest_events(start))
+        densities = fill_densities(
+            np.fromiter((found.get(tp, math.nan) for tp in order), dtype=np.float64,
+                        count=len(order)),
+            counted_rows & (mark_rows != UNDEFINED))
+        self._start_limits = (marks, order, priority, densities)
+        return order, priority, densities
 
     def _state_marks(self, start: BatchOffset, states: dict[TopicPartition, PartitionState],
                      tps: dict[TopicPartition, int]

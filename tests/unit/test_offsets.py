@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -182,10 +183,13 @@ def test_densities_come_from_the_last_batch_and_the_median_stands_in():
     assert known == {("t", 0): 2.0, ("t", 1): 0.25}
     # a partition read from no event time (the first batch): from the lowest it read
     assert read_densities(start, states, {("t", 2): 800})[("t", 2)] == 0.4
-    assert fill_densities(known, [("t", 0), ("t", 2)]) == {("t", 0): 2.0, ("t", 2): 2.0}
-    assert fill_densities(known, [("t", 0), ("t", 1), ("t", 3)]) == {
-        ("t", 0): 2.0, ("t", 1): 0.25, ("t", 3): 1.125}
-    assert fill_densities(known, [("t", 2), ("t", 3)]) == {}
+    # as the planner's rows: t0..t3, NaN where a partition's is not known
+    rows = np.array([known.get(("t", p), np.nan) for p in range(4)])
+    assert fill_densities(rows, np.array([True, False, True, False])).tolist() == [
+        2.0, 0.0, 2.0, 0.0]
+    assert fill_densities(rows, np.array([True, True, False, True])).tolist() == [
+        2.0, 0.25, 0.0, 1.125]
+    assert fill_densities(rows, np.array([False, False, True, True])) is None
 
 
 @settings(deadline=None, max_examples=400)
