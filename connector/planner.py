@@ -144,7 +144,8 @@ class BatchPlanner:
         # A start offset, and each partition's watermark and whether it counts at it
         # (_state_marks).
         self._start_marks: tuple[BatchOffset, dict, dict] | None = None
-        # The read limit's inputs for those marks: (marks, priority, densities).
+        # The read limit's inputs for those marks: (marks, row order, priority and density
+        # columns).
         self._start_limits: tuple | None = None
         self._plans_clock: bool | None = None   # the generator takes the planning time
         self._target: dict[TopicPartition, int] | None = None
