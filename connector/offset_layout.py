@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_right
-from itertools import chain
 from operator import itemgetter
 
 from kwatermark.offset_columns import (
@@ -146,17 +145,17 @@ class _Topic:
         for name, source in _LAG_SOURCES.items():
             values[name] = lag[source][low:high]
         snapshots = state["generator"][low:high]
-        keys = _flat_keys(snapshots)
+        flat = _flat_columns(snapshots)
         self._put(partitions, "read", values["read"], 0)
-        if keys is None:
+        if flat is None:
             self._put(partitions, "gen", snapshots, None)
         else:
+            keys = list(flat)
             self.columns["genKeys"] = keys
             self._forms["genKeys"] = [keys]   # the same list or nothing in common
             self._put(partitions, "gen", [None if s is None else 1 for s in snapshots], None)
-            for key in keys:
-                self._put(partitions, f"gen.{key}",
-                          [None if s is None else s[key] for s in snapshots])
+            for key, column in flat.items():
+                self._put(partitions, f"gen.{key}", column)
         for name in _STATE_COLUMNS[2:11]:
             self._put(partitions, name, values[name], _DEFAULTS[name])
         # The lags that follow from the partition watermark and the planning time are left
@@ -165,9 +164,9 @@ class _Topic:
             if values[name] != _lags(values[base], planned):
                 self._put(partitions, name, values[name])
 
-    def _put(self, partitions: list[int], name: str, values: list,
+    def _put(self, partitions: list[int], name: str, values: list | Column,
              default: object = OMIT) -> None:
-        column = Column(values)
+        column = values if isinstance(values, Column) else Column(values)
         # A column of one value is written as that value: its other forms wait.
         forms = None if column.uniform else self.forms(name, column)
         encoded = encode(column, partitions, forms, default)
@@ -229,21 +228,23 @@ def _lags(marks: list, planned: int | None) -> list:
     return [None if m is None or planned is None else planned - m for m in marks]
 
 
-def _flat_keys(snapshots: list) -> list[str] | None:
-    """The keys of the snapshots when every one is None or an object of scalars with the
-    same keys (at least one of them an object); else None (kept whole)."""
+def _flat_columns(snapshots: list) -> dict[str, Column] | None:
+    """The snapshots split into a column per key, keys sorted (None where a snapshot is
+    None), when every one is None or an object of scalars with the same keys (at least one
+    of them an object); else None (kept whole)."""
     present = [snapshot for snapshot in snapshots if snapshot is not None]
     if not present or not all(issubclass(kind, dict) for kind in set(map(type, present))):
         return None
-    shapes = set(map(tuple, present))   # each snapshot's keys, in their order
-    if len(shapes) > 1 and len(set(map(frozenset, shapes))) > 1:
+    keys = present[0].keys()
+    if not all(map(keys.__eq__, map(dict.keys, present))):   # the same keys, in any order
         return None
-    keys = sorted(present[0])
-    # every snapshot has these keys: the types of all their values
-    kinds = set(map(type, chain.from_iterable(map(dict.values, present))))
-    if not kinds <= SCALAR_TYPES and not all(issubclass(k, SCALARS) for k in kinds):
-        return None
-    return keys
+    columns = {key: Column([None if s is None else s[key] for s in snapshots])
+               for key in sorted(keys)}
+    for column in columns.values():
+        kinds = column.kinds
+        if not kinds <= SCALAR_TYPES and not all(issubclass(k, SCALARS) for k in kinds):
+            return None
+    return columns
 
 
 # -- reading ---------------------------------------------------------------------------

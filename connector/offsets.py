@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
+from itertools import accumulate
 
 import numpy as np
 
@@ -543,6 +545,20 @@ def plan_splits(ranges: dict[TopicPartition, tuple[int, int]], min_partitions: i
     return splits
 
 
+def _packs_of_at_least(sizes: list[int], min_records: int) -> list[tuple[int, int]]:
+    """``pack_bounds`` with no cap and one pack wanted: each pack closes at the range that
+    brings it to ``min_records`` (thousands of ranges, a handful of packs: a search a pack,
+    not a step a range)."""
+    totals = list(accumulate(sizes))   # totals[i]: the records of ranges 0 to i
+    bounds, low, n = [], 0, len(sizes)
+    while low < n:
+        before = totals[low - 1] if low else 0
+        high = min(bisect_left(totals, before + min_records, lo=low), n - 1) + 1
+        bounds.append((low, high))
+        low = high
+    return bounds
+
+
 def with_state(offset: BatchOffset, tp: TopicPartition, **changes) -> BatchOffset:
     partitions = dict(offset.partitions)
     current = partitions[tp]
@@ -567,6 +583,8 @@ def pack_bounds(sizes: list[int], min_records: int | None, min_partitions: int |
     if not min_records or min_records <= 1 or n <= 1:
         return [(i, i + 1) for i in range(n)]
     wanted = min(min_partitions or 1, n)
+    if wanted == 1 and not max_records:
+        return _packs_of_at_least(sizes, min_records)
     cap = max_records or math.inf
     if wanted > 1:
         cap = min(cap, math.ceil(sum(sizes) / wanted))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import fields
+from operator import sub
 
 from kwatermark.offsets import (
     BatchOffset,
@@ -219,26 +220,25 @@ def observe_lags(before: OffsetColumns, planned: int | None, tps: list[TopicPart
             [None if row is None else column[row] for row in rows]
             for column in (before.lag["processing_wm_ms"], before.lag["unread"],
                            before.start, before.end))
-    marks_of, processing_of, unread_of, event_lags, processing_lags = [], [], [], [], []
-    for has, processing_wm, unread_then, start, end, begin, last, mark in zip(
-            had, earlier, left, starts, ends, begins, latest, marks):
-        if not has:
-            processing_wm = None
-        elif planned is not None and unread_then is not None and end - start == unread_then:
-            processing_wm = planned if processing_wm is None else max(processing_wm, planned)
-        unread = last - begin
-        if unread <= 0:
-            unread = 0
-            processing_wm = now if processing_wm is None else max(processing_wm, now)
-        watermark = None if mark == UNDEFINED or mark == NO_PARTITIONS else mark
-        marks_of.append(watermark)
-        processing_of.append(processing_wm)
-        unread_of.append(unread)
-        event_lags.append(None if watermark is None else now - watermark)
-        processing_lags.append(None if processing_wm is None else now - processing_wm)
-    return [True] * len(tps), {"watermark_ms": marks_of, "processing_wm_ms": processing_of,
-                               "event_lag_ms": event_lags,
-                               "processing_lag_ms": processing_lags, "unread": unread_of}
+    # A column at a time (4,096 partitions a planning): the processing-time watermark a
+    # partition had, moved to ``planned`` where that batch planned all it had unread then,
+    # then to ``now`` where nothing is unread now.
+    if planned is None:
+        moved = [wm if has else None for has, wm in zip(had, earlier)]
+    else:
+        moved = [None if not has else wm if then is None or end - start != then
+                 else planned if wm is None or wm < planned else wm
+                 for has, wm, then, start, end in zip(had, earlier, left, starts, ends)]
+    unread_of = [unread if unread > 0 else 0   # noqa: FURB136 (no call a partition)
+                 for unread in map(sub, latest, begins)]
+    processing_of = [wm if unread else now if wm is None or wm < now else wm
+                     for wm, unread in zip(moved, unread_of)]
+    marks_of = [None if mark == UNDEFINED or mark == NO_PARTITIONS else mark for mark in marks]
+    return [True] * len(tps), {
+        "watermark_ms": marks_of, "processing_wm_ms": processing_of,
+        "event_lag_ms": [None if mark is None else now - mark for mark in marks_of],
+        "processing_lag_ms": [None if wm is None else now - wm for wm in processing_of],
+        "unread": unread_of}
 
 
 def read_densities(start: BatchOffset, states: dict[TopicPartition, PartitionState],

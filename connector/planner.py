@@ -60,6 +60,7 @@ from kwatermark.watermarks import (
     restore_generator,
     row_bounds,
     snapshot_watermark,
+    snapshot_watermarks,
     to_optional,
 )
 
@@ -138,6 +139,7 @@ class BatchPlanner:
         self._may_hold: set[TopicPartition] | None = None
         self._marks: dict[int, tuple[object, int]] = {}
         self._snapshot_mark = None   # partition_watermark's reader of a snapshot
+        self._snapshot_marks = None   # column_watermarks': the same of a column of them
         # The last offset latest_offset planned, with each partition's watermark at its
         # start: partitions() plans that offset's tasks from the same marks.
         self._offset_marks: tuple[BatchOffset, dict[TopicPartition, int]] | None = None
@@ -168,8 +170,8 @@ class BatchPlanner:
         # Driver-side observation stays on the driver: tasks never read it.
         state.update(_policy=None, _folded=None, _tasks=None, _keys=None, latest_seen={},
                      _announced=set(), _known=[], _may_hold=None, _marks={}, _topic_ids={},
-                     _behind_since={}, _snapshot_mark=None, _offset_marks=None,
-                     _start_marks=None, _start_limits=None)
+                     _behind_since={}, _snapshot_mark=None, _snapshot_marks=None,
+                     _offset_marks=None, _start_marks=None, _start_limits=None)
         return state
 
     def offset(self, data: object) -> BatchOffset:
@@ -705,9 +707,16 @@ class BatchPlanner:
 
     def column_watermarks(self, columns: OffsetColumns) -> list[int]:
         """``partition_watermark`` of each partition of ``columns``, in its order."""
-        marks = map(self._mark_of_snapshot(), columns.state["generator"])
+        if self._snapshot_marks is None:
+            self._snapshot_marks = (snapshot_watermarks(self.options.watermark)
+                                    or (lambda snapshots: list(map(self._restored_mark,
+                                                                   snapshots))))
+        marks = self._snapshot_marks(columns.state["generator"])
+        advanced_of = columns.state["advanced_ms"]
+        if advanced_of.count(None) == len(advanced_of):   # no idle policy has advanced one
+            return marks
         return [mark if advanced is None or advanced <= mark else advanced
-                for mark, advanced in zip(marks, columns.state["advanced_ms"])]
+                for mark, advanced in zip(marks, advanced_of)]
 
     def _mark_of_snapshot(self):
         if self._snapshot_mark is None:
@@ -745,42 +754,55 @@ class BatchPlanner:
     def _plan_tasks(self, offset: BatchOffset) -> TaskColumns:
         marks = self._marks_of(offset)
         columns = columns_of(offset)
-        counted = dict(zip(columns.tps, [decision != idle.EXCLUDE
-                                         for decision in columns.state["idle"]]))
-        lowest = heapq.nsmallest(2, [(mark, tp) for tp, mark in marks.items() if counted[tp]])
+        tps, starts, ends = columns.tps, columns.start, columns.end
+        counted = [decision != idle.EXCLUDE for decision in columns.state["idle"]]
+        lowest = heapq.nsmallest(2, [(marks[tp], tp) for tp, is_counted in zip(tps, counted)
+                                     if is_counted])
         percentile = self.options.watermark.percentile
-        bounds = (row_bounds(marks, {tp for tp in marks if counted[tp]}, percentile)
+        bounds = (row_bounds(marks, {tp for tp, c in zip(tps, counted) if c}, percentile)
                   if percentile != "100" else None)
-        splits = plan_splits(dict(zip(columns.tps, zip(columns.start, columns.end))),
-                             self.options.min_partitions,
-                             self.options.max_records_per_partition,
-                             can_split(make_generator(self.options.watermark)))
         # The lowest counted partition's watermark caps every other partition's rows; its
         # own rows are capped by the second lowest (NO_PARTITIONS: none other counts).
         first_mark, first_owner = lowest[0] if lowest else (NO_PARTITIONS, None)
         second_mark = lowest[1][0] if len(lowest) > 1 else NO_PARTITIONS
-        index = columns.index
-        topics, numbers, starts, ends, rows, counts, ceilings, floors = (
-            [], [], [], [], [], [], [], [])
-        for tp, pieces in sorted(splits.items()):
-            ceiling, floor = (second_mark if tp == first_owner else first_mark), None
-            if bounds is not None:
-                floor, ceiling = bounds[tp]
-                floor = to_optional(floor)
-            row, is_counted = index[tp], counted[tp]
-            for start, end in pieces:
-                topics.append(tp[0])
-                numbers.append(tp[1])
-                starts.append(start)
-                ends.append(end)
-                rows.append(row)
-                counts.append(is_counted)
-                ceilings.append(ceiling)
-                floors.append(floor)
+        nonempty = [row for row, (start, end) in enumerate(zip(starts, ends)) if end > start]
+        if self._may_split(starts, ends, nonempty):
+            splits = plan_splits({tps[row]: (starts[row], ends[row]) for row in nonempty},
+                                 self.options.min_partitions,
+                                 self.options.max_records_per_partition, True)
+            pieces = [(row, piece) for row in nonempty for piece in splits[tps[row]]]
+            rows = [row for row, _ in pieces]
+            task_starts = [start for _, (start, _) in pieces]
+            task_ends = [end for _, (_, end) in pieces]
+        else:   # a range a partition that reads (thousands of partitions: no dict of them)
+            rows = nonempty
+            task_starts = [starts[row] for row in rows]
+            task_ends = [ends[row] for row in rows]
+        if bounds is not None:
+            floors = [to_optional(bounds[tps[row]][0]) for row in rows]
+            ceilings = [bounds[tps[row]][1] for row in rows]
+        else:
+            floors = [None] * len(rows)
+            owner = None if first_owner is None else columns.index[first_owner]
+            ceilings = [second_mark if row == owner else first_mark for row in rows]
+        task_tps = [tps[row] for row in rows]
         states = {name: list(map(column.__getitem__, rows))
                   for name, column in columns.state.items()}
-        return TaskColumns.planned(topics, numbers, starts, ends, states, counts,
-                                   offset.watermark, ceilings, floors)
+        return TaskColumns.planned([tp[0] for tp in task_tps], [tp[1] for tp in task_tps],
+                                   task_starts, task_ends, states,
+                                   [counted[row] for row in rows], offset.watermark,
+                                   ceilings, floors)
+
+    def _may_split(self, starts: list[int], ends: list[int], nonempty: list[int]) -> bool:
+        """Whether ``plan_splits`` could cut a range of the batch (``minPartitions``,
+        ``maxRecordsPerPartition``, a generator that can merge sub-ranges' states)."""
+        options = self.options
+        if not nonempty or not can_split(make_generator(options.watermark)):
+            return False
+        most = options.max_records_per_partition
+        if most and any(ends[row] - starts[row] > most for row in nonempty):
+            return True
+        return bool(options.min_partitions) and len(nonempty) < options.min_partitions
 
     def packed_tasks(self, offset: BatchOffset) -> list[TaskColumns]:
         """The ranges of ``tasks(offset)`` grouped into Spark tasks (``minRecordsPerPartition``,
