@@ -20,6 +20,7 @@ True
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import fields
 from operator import sub
@@ -249,17 +250,27 @@ def read_densities(start: BatchOffset, states: dict[TopicPartition, PartitionSta
     the ranges' ends), or, read from no event time (a new query's first batch), over the span
     from the ``lowest`` event time it read. None for a partition that read nothing or whose
     event times did not move."""
+    tps = columns_of(start).tps
+    return {tp: density for tp, density in zip(tps, density_rows(start, states, lowest))
+            if not math.isnan(density)}
+
+
+def density_rows(start: BatchOffset, states: dict[TopicPartition, PartitionState],
+                 lowest: dict[TopicPartition, int] | None = None) -> list[float]:
+    """:func:`read_densities` of each of ``start``'s partitions in its order, NaN where it
+    has none (a column: 4,096 partitions a planning)."""
     columns = columns_of(start)
     if isinstance(states, StateMap) and states.columns.tps == columns.tps:
         after_of = states.columns.state["max_event_ms"]
     else:
         after_of = [states[tp].max_event_ms if tp in states else None for tp in columns.tps]
-    lowest = lowest or {}
-    found = {}
-    for tp, start_at, end, before, after in zip(columns.tps, columns.start, columns.end,
-                                                columns.state["max_event_ms"], after_of):
-        if before is None:
-            before = lowest.get(tp)
-        if end > start_at and before is not None and after is not None and after > before:
-            found[tp] = (end - start_at) / (after - before)
-    return found
+    before_of = columns.state["max_event_ms"]
+    if lowest and None in before_of:
+        before_of = [lowest.get(tp) if before is None else before
+                     for tp, before in zip(columns.tps, before_of)]
+    nan = math.nan
+    return [(end - start_at) / (after - before)
+            if end > start_at and before is not None and after is not None and after > before
+            else nan
+            for start_at, end, before, after in zip(columns.start, columns.end, before_of,
+                                                    after_of)]

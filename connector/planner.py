@@ -41,6 +41,7 @@ from kwatermark.partition_columns import (
     RangeMap,
     StateMap,
     columns_of,
+    density_rows,
     observe_lags,
     read_densities,
     with_columns,
@@ -90,6 +91,17 @@ def _folded_fields(record: ProgressRecord | None) -> tuple | None:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _column_or(values: dict[TopicPartition, int], order: list[TopicPartition],
+               defaults: list[int]) -> list[int]:
+    """``values`` of each of ``order`` as a list, ``defaults[i]`` where it has none."""
+    if len(values) >= len(order):
+        try:
+            return list(map(values.__getitem__, order))
+        except KeyError:
+            pass
+    return [values.get(tp, default) for tp, default in zip(order, defaults)]
 
 
 def _column(values: dict[TopicPartition, int], order: list[TopicPartition]) -> np.ndarray:
@@ -328,11 +340,10 @@ class BatchPlanner:
             self._while_asked(start, states, begins, limits)
         latest = self._monotone(self.metadata.latest_offsets(list(begins), ahead),
                                 begins)
-        for tp, begin in list(begins.items()):
-            if latest[tp] < begin:
-                self._loss(tp, f"its end offset went back from {begin} to {latest[tp]} "
-                               f"(topic recreated or truncated)")
-                begins[tp] = self.metadata.earliest_offsets([tp])[tp]
+        for tp in [tp for tp, begin in begins.items() if latest[tp] < begin]:
+            self._loss(tp, f"its end offset went back from {begins[tp]} to {latest[tp]} "
+                           f"(topic recreated or truncated)")
+            begins[tp] = self.metadata.earliest_offsets([tp])[tp]
         if latest != self.latest_seen:   # else the same object: reportLatestOffset's cache
             self.latest_seen = dict(latest)
         ends = dict(latest)
@@ -346,7 +357,7 @@ class BatchPlanner:
             # apart under the default trigger), thousands of partitions each time.
             return None
         ends, held, admitted_marks = self._admit(begins, ends, states, limits, start)
-        available = sum(ends[tp] - begins[tp] for tp in ends)
+        available = sum(ends.values()) - sum(map(begins.__getitem__, ends))
         if available == 0 and not self.options.heartbeat:
             return None
         if available and self._held_back(limits, available, now):
@@ -400,7 +411,7 @@ class BatchPlanner:
         watermark = emitted(previous, combined_watermark(list(counted.values()), percentile))
         begin = list(map(begins.__getitem__, tps))
         has_lag, lags = observe_lags(columns_of(start), start.planned_ms, tps, begin,
-                                     [latest.get(tp, b) for tp, b in zip(tps, begin)],
+                                     _column_or(latest, tps, begin),
                                      list(marks.values()), now)
         partitions = RangeMap(OffsetColumns(tps, begin, list(map(ends.__getitem__, tps)),
                                             planned_state, has_lag, lags))
@@ -458,12 +469,15 @@ class BatchPlanner:
         # kafkaConsumer.pollTimeoutMs.
         fresh = [tp for tp in behind if tp[0] in unseen]
         deadline = time.monotonic() + BACKWARDS_RECHECK_S
+        asked_again = False
         while fresh and time.monotonic() < deadline:
             time.sleep(0.5)
             again = self.metadata.latest_offsets(fresh)
             latest.update(again)
+            asked_again = True
             fresh = [tp for tp in fresh if latest[tp] < begins[tp]]
-        behind = [tp for tp, begin in begins.items() if latest[tp] < begin]
+        if asked_again:
+            behind = [tp for tp, begin in begins.items() if latest[tp] < begin]
         for tp in fresh:
             self._behind_since[tp] = time.monotonic() - self.options.poll_timeout_ms / 1000
         now = time.monotonic()
@@ -625,11 +639,14 @@ class BatchPlanner:
         mark_rows = _column(marks, order)
         counted_rows = np.fromiter(map(counted.__getitem__, order), dtype=bool, count=len(order))
         priority = np.where(counted_rows, mark_rows, NO_PARTITIONS)
-        found = read_densities(start, states, self.lowest_events(start))
-        densities = fill_densities(
-            np.fromiter((found.get(tp, math.nan) for tp in order), dtype=np.float64,
-                        count=len(order)),
-            counted_rows & (mark_rows != UNDEFINED))
+        lowest = self.lowest_events(start)
+        if columns_of(start).tps == order:
+            found = np.array(density_rows(start, states, lowest), dtype=np.float64)
+        else:   # partitions joined or left since
+            known = read_densities(start, states, lowest)
+            found = np.fromiter((known.get(tp, math.nan) for tp in order), dtype=np.float64,
+                                count=len(order))
+        densities = fill_densities(found, counted_rows & (mark_rows != UNDEFINED))
         self._start_limits = (marks, order, priority, densities)
         return order, priority, densities
 
