@@ -32,7 +32,7 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from kwatermark import source
 from kwatermark.arrow import OutputLayout
-from kwatermark.ledger import ProgressRecord
+from kwatermark.ledger import ProgressRecord, record_columns
 from tests.unit.test_progress_model import FakeBroker
 
 SKIPPED = 2   # a run's first plannings warm caches
@@ -68,10 +68,14 @@ def planning(partitions: int, batches: int, per_batch: int) -> dict:
                                           t.end - t.start, 1_000 * batch,
                                           1_000 * batch + t.partition, 1_000 * batch - 5_001)
                            for t in split.tasks]
-                # (kwatermark before pack_keys had no ledger_key: A/B against old code)
+                # (kwatermark before pack_keys had no ledger_key, and before the ranges'
+                # columns offered a pack as its tasks and records: A/B against old code)
                 key = getattr(split, "ledger_key", None)
-                reader.planner.ledger.offer_pack(split.tasks, reader.planner.fingerprint,
-                                                 records, *([key] if key else []))
+                columns = getattr(split, "columns", None)
+                pack, offered = ((split.tasks, records) if columns is None
+                                 else (columns, record_columns(records)))
+                reader.planner.ledger.offer_pack(pack, reader.planner.fingerprint,
+                                                 offered, *([key] if key else []))
             reader.commit(end)
             start = end
     return {"latestOffset": latest[SKIPPED:], "cpu": cpu[SKIPPED:],
