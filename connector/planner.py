@@ -93,6 +93,21 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _within(ends: dict[TopicPartition, int], begins: dict[TopicPartition, int],
+            target: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+    """``ends`` no further than an AvailableNow run's ``target`` (a partition it does not
+    name: its begin) and never before ``begins``: asked every planning of the run, 4,096
+    partitions a planning, so no call a partition."""
+    within = {}
+    for tp, end in ends.items():
+        begin = begins[tp]
+        cap = target.get(tp, begin)
+        if end > cap:   # noqa: PLR1730 (no call a partition)
+            end = cap
+        within[tp] = end if end > begin else begin   # noqa: FURB136
+    return within
+
+
 def _column_or(values: dict[TopicPartition, int], order: list[TopicPartition],
                defaults: list[int]) -> list[int]:
     """``values`` of each of ``order`` as a list, ``defaults[i]`` where it has none."""
@@ -349,8 +364,7 @@ class BatchPlanner:
         ends = dict(latest)
         target = self._target
         if target is not None:
-            ends = {tp: max(min(end, target.get(tp, begins[tp])), begins[tp])
-                    for tp, end in ends.items()}
+            ends = _within(ends, begins, target)
         if not self.options.heartbeat and ends == begins:
             # Nothing new anywhere (a read limit only takes records away): no batch, and no
             # per-partition work. Spark asks again every few ms while a query idles (10 ms
@@ -531,10 +545,12 @@ class BatchPlanner:
 
     def _begins(self, start: BatchOffset, current: list[TopicPartition], previous: int
                 ) -> dict[TopicPartition, int]:
+        columns = columns_of(start)
+        if columns.tps == current:   # the same partitions as before (one pass, no set)
+            return dict(zip(columns.tps, columns.end))
         known = set(current)
         for tp in sorted(set(start.partitions) - known):
             self._loss(tp, "the partition is gone (topic deleted or unsubscribed)")
-        columns = columns_of(start)
         begins = {tp: end for tp, end in zip(columns.tps, columns.end) if tp in known}
         rows = columns.index
         new = [tp for tp in current if tp not in rows]
