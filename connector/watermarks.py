@@ -302,32 +302,35 @@ def snapshot_watermark(config: WatermarkConfig) -> Callable[[object], int] | Non
     generator gives it, without restoring one: the driver asks it of every partition
     several times per planning (~10 µs a partition through a generator, 4,096 partitions).
     None for generators that must be restored to answer (plug-ins, punctuated)."""
-    strategy = config.strategy
-    if strategy in ("monotonous", "bounded"):
-        after = (config.max_out_of_orderness_ms if strategy == "bounded" else 0) + 1
-        return lambda snapshot: _plus(snapshot, "max_ts", -after)
-    if strategy == "timelag":
-        lag = config.max_time_lag_ms
-        return lambda snapshot: _plus(snapshot, "planned", -lag)
-    if strategy == "none":
-        return lambda snapshot: UNDEFINED
-    return None
+    reading = _snapshot_reading(config)
+    if reading is None:
+        return (lambda snapshot: UNDEFINED) if config.strategy == "none" else None
+    key, plus = reading
+    return lambda snapshot: _plus(snapshot, key, plus)
 
 
 def snapshot_watermarks(config: WatermarkConfig
                         ) -> Callable[[list[object]], list[int]] | None:
     """:func:`snapshot_watermark` of a column of snapshots, a partition each (the same
     answers without a call a partition: 4,096 a planning)."""
+    reading = _snapshot_reading(config)
+    if reading is None:
+        return ((lambda snapshots: [UNDEFINED] * len(snapshots))
+                if config.strategy == "none" else None)
+    key, plus = reading
+    return lambda snapshots: [UNDEFINED if value is None else value + plus
+                              for value in [(s or _NOTHING).get(key) for s in snapshots]]
+
+
+def _snapshot_reading(config: WatermarkConfig) -> tuple[str, int] | None:
+    """The snapshot key a built-in generator's watermark follows and what it adds to it
+    (``max_ts - bound - 1``, ``planned - maxTimeLag``); None where there is no such key."""
     strategy = config.strategy
-    if strategy in ("monotonous", "bounded", "timelag"):
-        key, plus = (("planned", -config.max_time_lag_ms) if strategy == "timelag" else
-                     ("max_ts", -(config.max_out_of_orderness_ms
-                                  if strategy == "bounded" else 0) - 1))
-        return lambda snapshots: [
-            UNDEFINED if value is None else value + plus
-            for value in [(s or _NOTHING).get(key) for s in snapshots]]
-    single = snapshot_watermark(config)
-    return None if single is None else (lambda snapshots: list(map(single, snapshots)))
+    if strategy in ("monotonous", "bounded"):
+        return "max_ts", -(config.max_out_of_orderness_ms if strategy == "bounded" else 0) - 1
+    if strategy == "timelag":
+        return "planned", -config.max_time_lag_ms
+    return None
 
 
 _NOTHING: dict = {}   # a fresh generator's snapshot, read (never written)
