@@ -1261,8 +1261,23 @@ static void clear(kw_reader *r, int stop) {
     r->event_lane = -1;
 }
 
-/* Stop every partition parked by an earlier task (their fetch queues lead to this queue). */
+/* Stop every partition parked by an earlier task (their fetch queues lead to this queue),
+ * resumed first: a parked partition is paused, and librdkafka keeps a pause through a stop
+ * and a start, so one stopped paused fetched nothing when a later task started it again.
+ * A worker's tasks of more and of fewer than MANY_PARTITIONS (compiled.py) partitions share a consumer
+ * where their settings match (packs over many topics at thousands of partitions): a task of
+ * few partitions reset it, and a later task's partitions parked before stalled for
+ * kafkaConsumer.pollTimeoutMs and failed (the resume's barrier is dropped with the stop's,
+ * drain_own). */
 static void unpark(kw_reader *r) {
+    rd_kafka_topic_partition_list_t *paused = rk.tpl_new(8);
+    for (int t = 0; t < r->ntopics; t++)
+        for (int32_t q = 0; q < r->nparks[t]; q++)
+            if (r->parks[t][q].state == KW_PARKED)
+                rk.tpl_add(paused, r->topic_names[t], q);
+    if (paused->cnt)
+        rk.resume_partitions(r->rk, paused);
+    rk.tpl_destroy(paused);
     for (int t = 0; t < r->ntopics; t++)
         for (int32_t q = 0; q < r->nparks[t]; q++) {
             kw_slot *p = &r->parks[t][q];

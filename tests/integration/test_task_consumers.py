@@ -200,6 +200,49 @@ def test_a_task_of_many_partitions_parks_them_for_the_next(broker, monkeypatch):
     assert again is not first and resumed_now == (0, 0)
 
 
+@pytest.mark.skipif(compiled.unavailable() is not None, reason="compiled engine not built")
+def test_partitions_parked_through_a_task_of_few_partitions_read_again(broker, monkeypatch):
+    """A worker's tasks of more and of fewer than MANY_PARTITIONS partitions share its kept
+    consumer where their settings match (packs over 16 topics at 4,096 partitions: their
+    bounds move between batches). A task of few partitions leaves the consumer reset at its
+    end, which stops the partitions an earlier task parked and it did not read; a later
+    task that reads them gets their ranges' records. Stopped while paused (librdkafka keeps
+    a pause through a stop and a start), they fetched nothing: the task stalled for
+    kafkaConsumer.pollTimeoutMs and failed, and so did the query."""
+    monkeypatch.setattr(compiled, "_clients", compiled._Clients())
+    # Ranges of MANY_PREFETCH records over 5 to 8 partitions: a task of many partitions
+    # prefetches at least that many a partition, so both kinds ask the same settings.
+    n = compiled.MANY_PREFETCH
+    topic = broker.create_topic(8)
+    TopicWriter(broker, topic).send([Record(p, 1_000 + i, value=f"{p}-{i}".encode())
+                                     for i in range(4 * n) for p in range(8)])
+    options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
+                             "subscribe": topic, "readEngine": "compiled",
+                             "kafkaConsumer.pollTimeoutMs": "5000"})
+
+    def read(spans: list[tuple[int, int, int]], many: int) -> compiled._Client:
+        monkeypatch.setattr(compiled, "MANY_PARTITIONS", many)
+        tasks = [RangeTask(topic, p, a, b, PartitionState(), True, None, NO_PARTITIONS)
+                 for p, a, b in spans]
+        table = pa.Table.from_batches(list(PackReader(options, OutputLayout(), Decoders(),
+                                                      tasks)),
+                                      schema=OutputLayout().schema())
+        assert sorted(zip(table.column("partition").to_pylist(),
+                          table.column("offset").to_pylist(),
+                          table.column("value").to_pylist())) == \
+            [(p, i, f"{p}-{i}".encode()) for p, a, b in sorted(spans) for i in range(a, b)]
+        (client, _), = compiled._clients.kept.values()
+        return client
+
+    parked = read([(p, 0, n) for p in range(6)], many=4)   # parked at its end
+    few = read([(p, n, 2 * n) for p in (1, 2, 3)] + [(p, 0, n) for p in (6, 7)], many=10)
+    assert few is parked   # its end stopped partitions 0, 4 and 5, parked and unread
+    again = read([(p, n, 2 * n) for p in (0, 4, 5)] + [(p, n, 2 * n) for p in (6, 7)],
+                 many=10)
+    assert again is parked
+    assert read([(p, 2 * n, 3 * n) for p in range(6)], many=4) is parked
+
+
 def _six_partitions(broker, records: int, engine: str):
     """A topic of 6 partitions holding ``records`` records each (value ``"p-i"``), and the
     options that read it with ``engine``."""
