@@ -27,8 +27,11 @@ micro-batch time (``triggerExecution``) of the warm batches, driver planning
 (``latestOffset``), ``addBatch``, the bytes of each offsets-log entry and progress event, and
 the peak RSS of the driver JVM (local mode: it runs the executors too), the planning Python
 process and the largest Python worker. Results: ``bench/results/partitions-scale.json``.
-``--scale --partitions 4,512 --kafka-max-partitions 512 --scale-records 24576`` is a quick
-trial.
+Each run reads ``--scale-batches`` micro-batches (8) and its first ``SCALE_WARMUP`` (3) are
+not counted: steady state, as ``bench_steady_scale.py`` (Spark's JIT and the Python workers
+still warm over a run's first batches; three batches a run, as before 2026-12-04, counted the
+second and third). ``--scale --partitions 4,512 --kafka-max-partitions 512 --scale-records
+24576 --scale-batches 4`` is a quick trial.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from run import RESULTS_DIR, Workspace, available_now_progress, git_revision, lo
 from kwatermark.options import DEFAULT_MIN_RECORDS_PER_PARTITION
 
 TARGET_RATIO = 2.0   # the 512-partition batch within 2x the 4-partition batch (issue 12)
+SCALE_WARMUP = 3     # --scale: a run's first micro-batches, not counted (steady state)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -69,8 +73,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--results", default=RESULTS_DIR, help="output directory")
     parser.add_argument("--scale", action="store_true",
                         help="the thousands-of-partitions comparison with format('kafka')")
-    parser.add_argument("--scale-records", type=int, default=122_880,
-                        help="--scale: records per run, in three micro-batches")
+    parser.add_argument("--scale-records", type=int, default=327_680,
+                        help="--scale: records per run, in --scale-batches micro-batches")
+    parser.add_argument("--scale-batches", type=int, default=8,
+                        help=f"--scale: micro-batches per run; the first {SCALE_WARMUP} are not "
+                             f"counted when there are more")
     parser.add_argument("--kafka-max-partitions", type=int, default=512,
                         help="--scale: format('kafka') only up to this many partitions (one "
                              "task per partition: minutes at 4,096)")
@@ -135,7 +142,7 @@ def scale_main(args: argparse.Namespace) -> int:
     counts = [int(n) for n in args.partitions.split(",")]
     broker = common.Broker.open(args.bootstrap_servers, kind="kafka")
     workspace = tempfile.mkdtemp(prefix="kwatermark-bench-scale-")
-    per_batch = -(-args.scale_records // 3)
+    per_batch = -(-args.scale_records // args.scale_batches)
     cases = []
     try:
         log(f"broker {broker.kind} at {broker.bootstrap_servers}")
@@ -159,7 +166,8 @@ def scale_main(args: argparse.Namespace) -> int:
                     "label": f"{n} partitions, {topics} topic{'s' if topics > 1 else ''}",
                     "partitions": n, "kind": kind, "bootstrap": broker.bootstrap_servers,
                     "topics": names[0] if topics == 1 else f"{prefix}-.*",
-                    "records": per_partition * n, "per_batch": -(-per_partition * n // 3),
+                    "records": per_partition * n,
+                    "per_batch": -(-per_partition * n // args.scale_batches),
                     "formats": formats})
                 log(f"{cases[-1]['label']}: {per_partition * n:,} records produced")
         request = {"workspace": workspace, "cases": cases, "rounds": args.rounds,
@@ -172,17 +180,24 @@ def scale_main(args: argparse.Namespace) -> int:
         broker.stop()
     report = {"when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": common.machine_info(), "git": git_revision(),
-              "records_per_batch": per_batch, **reply}
+              "records_per_batch": per_batch, "batches_per_run": args.scale_batches,
+              "warm_from": warm_from(args.scale_batches), **reply}
     os.makedirs(args.results, exist_ok=True)
     path = os.path.join(args.results, "partitions-scale.json")
     with open(path, "w") as out:
         json.dump(report, out, indent=2, default=str)
-    print_scale(reply, counts)
+    print_scale(reply, counts, warm_from(args.scale_batches))
     print(BOUNDS)
     if reply.get("error"):
         print(f"\nthe measuring stopped early: {reply['error'][:800]}")
     print(f"results: {path}")
     return 0
+
+
+def warm_from(batches: int) -> int:
+    """The index of a --scale run's first counted micro-batch: after SCALE_WARMUP, or after
+    the first alone in a run too short for that."""
+    return SCALE_WARMUP if batches > SCALE_WARMUP else 1
 
 
 def _named_topic(broker, name: str, partitions: int) -> str:
@@ -200,14 +215,14 @@ def _median(values: list) -> float | None:
     return statistics.median(values) if values else None
 
 
-def print_scale(reply: dict, counts: list[int]) -> None:
-    """One line per configuration: medians over the warm batches (every data batch after
-    the run's first) of all rounds."""
+def print_scale(reply: dict, counts: list[int], first: int) -> None:
+    """One line per configuration: medians over the warm batches (every data batch of a run
+    from its ``first``) of all rounds."""
     rows: dict[tuple, dict[str, list]] = {}
     memory: dict[tuple, dict[str, float]] = {}
     for run in reply.get("runs", []):
         key = (run["label"], run["trigger"], run["format"])
-        warm = run["batches"][1:] or run["batches"]
+        warm = run["batches"][first:] or run["batches"]
         got = rows.setdefault(key, {})
         for batch in warm:
             for name, value in batch.items():
@@ -218,7 +233,8 @@ def print_scale(reply: dict, counts: list[int]) -> None:
     header = (f"{'configuration':<46}{'batch ms':>9}{'plan ms':>8}{'addBatch':>9}"
               f"{'offsets B':>10}{'progress B':>11}{'JVM MiB':>8}{'plan MiB':>9}"
               f"{'worker':>7}{'load':>6}")
-    print("\nmedians over the warm micro-batches (every data batch after a run's first)")
+    print(f"\nmedians over the warm micro-batches (every data batch of a run after its "
+          f"first {first})")
     print(header)
     medians = {}
     for key in sorted(rows, key=lambda k: (k[1], int(k[0].split()[0]), k[0], k[2])):
