@@ -191,6 +191,7 @@ class _Client:
         # topics whose metadata it has, and when it was asked (learn_topics)
         self.described: dict[str, float] = {}
         self._asked: tuple | None = None   # clean_offsets' last partitions and C arrays
+        self._topics_room = (1024, 65536)   # topic_counts' room: topics, bytes of names
         names, values = [], []
         for key, value in conf.items():
             if isinstance(value, bool):
@@ -266,6 +267,26 @@ class _Client:
             raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART,
                                             f"no partitions of topic {topic} in the answer"))
         return count
+
+    def topic_counts(self, timeout: float) -> dict[str, int]:
+        """Every topic the brokers know and its partition count, from one metadata request
+        for the whole cluster (a ``subscribePattern``'s topics, ``broker.KafkaMetadata``):
+        one C call, where confluent-kafka's ``list_topics()`` makes a Python object per
+        partition of the cluster. A topic whose metadata has an error is left out, as
+        there; a request that fails raises, as ``KafkaException``."""
+        while True:
+            topics, size = self._topics_room
+            names, counts = ffi.new("char[]", size), ffi.new("int32_t[]", topics)
+            needed = ffi.new("size_t *")
+            n = lib.kw_topic_counts(self.handle, int(timeout * 1000), names, size, needed,
+                                    counts, topics)
+            if n < 0:
+                raise KafkaException(KafkaError(-n))
+            if n <= topics and needed[0] <= size:
+                break
+            self._topics_room = (max(topics, 2 * n), max(size, 2 * needed[0]))
+        listed = ffi.unpack(names, needed[0]).split(b"\0")[:n]
+        return dict(zip((name.decode() for name in listed), ffi.unpack(counts, n)))
 
     def learn_topics(self, topics: Iterable[str]) -> None:
         """Learn ``topics`` before any of their partitions starts (``consumer.learn_topics``),

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import sysconfig
 import threading
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -356,3 +357,36 @@ def test_the_drivers_offsets_lookups_answer_every_partition_on_both_engines(
     gc.collect()
     if engine == "compiled":
         assert client.handle == compiled.ffi.NULL, "the driver's offsets client stays open"
+
+
+@pytest.mark.skipif(compiled.unavailable() is not None, reason="compiled engine not built")
+@pytest.mark.parametrize("engine", ["compiled", "python"])
+def test_a_patterns_topics_asked_ahead_are_every_topic_of_the_cluster(broker, engine):
+    """A ``subscribePattern`` planning asks every topic of the cluster and its partition
+    count while it folds (``ask_ahead``): in one C call where the compiled engine reads,
+    through the admin client with readEngine=python. Both answer what the brokers hold (the
+    topics this test made, with their counts; other tests make and delete topics on the
+    same broker meanwhile, so only these are compared), the C call also when its first room
+    for names is too small (it asks again with more)."""
+    from kwatermark.broker import KafkaMetadata
+
+    prefix = f"pattern-{uuid.uuid4().hex[:8]}"
+    made = {f"{prefix}-{n}": n for n in (1, 3, 17)}
+    for name, count in made.items():
+        broker.create_topic(count, name=name)
+        TopicWriter(broker, name).send([Record(p, 1_000, value=b"x") for p in range(count)])
+    metadata = KafkaMetadata(parse_options({
+        "kafka.bootstrap.servers": broker.bootstrap_servers,
+        "subscribePattern": f"{prefix}-.*", "readEngine": engine}))
+    tps = [(name, p) for name, count in made.items() for p in range(count)]
+    assert metadata.topics()   # a broker has answered: the quick path opens
+    ahead = metadata.ask_ahead(tps)
+    answered = ahead.taken(ahead.topics)
+    assert {name: answered.get(name) for name in made} == made
+    assert isinstance(metadata._consumer, compiled._Client) == (engine == "compiled")
+    if engine == "compiled":
+        client = metadata._consumer
+        client._topics_room = (2, 16)
+        again = client.topic_counts(10)
+        assert {name: again.get(name) for name in made} == made
+        assert client._topics_room[0] >= len(made) and client._topics_room[1] > 16
