@@ -259,10 +259,11 @@ class _Client:
     def partition_count(self, topic: str, timeout: float) -> int:
         """How many partitions ``topic`` has, as the brokers say now; an error (a topic
         that does not exist or cannot be described, no answer) raises, as ``KafkaException``."""
+        err = ffi.new("int *")
         count = lib.kw_metadata(self.handle, topic.encode(), int(timeout * 1000), ffi.NULL, 0,
-                                ffi.NULL, 0)
+                                ffi.NULL, 0, err)
         if count < 0:
-            raise KafkaException(KafkaError(-count))
+            raise KafkaException(KafkaError(err[0]))
         if count == 0:
             raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART,
                                             f"no partitions of topic {topic} in the answer"))
@@ -277,11 +278,11 @@ class _Client:
         while True:
             topics, size = self._topics_room
             names, counts = ffi.new("char[]", size), ffi.new("int32_t[]", topics)
-            needed = ffi.new("size_t *")
+            needed, err = ffi.new("size_t *"), ffi.new("int *")
             n = lib.kw_topic_counts(self.handle, int(timeout * 1000), names, size, needed,
-                                    counts, topics)
+                                    counts, topics, err)
             if n < 0:
-                raise KafkaException(KafkaError(-n))
+                raise KafkaException(KafkaError(err[0]))
             if n <= topics and needed[0] <= size:
                 break
             self._topics_room = (max(topics, 2 * n), max(size, 2 * needed[0]))
@@ -312,10 +313,11 @@ class _Client:
         the brokers' addresses). Asking refreshes librdkafka's cached leaders and epochs."""
         leaders = ffi.new("int32_t[]", [-1] * MAX_PARTITIONS)
         brokers = ffi.new("char[]", 8192)
+        err = ffi.new("int *")
         count = lib.kw_metadata(self.handle, topic.encode(), int(timeout * 1000), leaders,
-                                MAX_PARTITIONS, brokers, 8192)
+                                MAX_PARTITIONS, brokers, 8192, err)
         if count < 0:
-            raise KafkaException(KafkaError(-count))
+            raise KafkaException(KafkaError(err[0]))
         nodes = {}
         for line in ffi.string(brokers).decode(errors="replace").splitlines():
             node, host, port = line.split(" ")

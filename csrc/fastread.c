@@ -355,15 +355,19 @@ int kw_offsets(kw_reader *r, const char **topics, const int32_t *partitions,
 }
 
 int kw_metadata(kw_reader *r, const char *topic, int timeout_ms, int32_t *leaders, int cap,
-                char *brokers, size_t blen) {
+                char *brokers, size_t blen, int *err) {
     rd_kafka_topic_t *t = rk.topic_new(r->rk, topic, NULL);
-    if (!t)
-        return -rk.last_error();
+    if (!t) {
+        *err = rk.last_error();
+        return -1;
+    }
     const rd_kafka_metadata_t *md = NULL;
     int e = rk.metadata(r->rk, 0, t, &md, timeout_ms);
     rk.topic_destroy(t);
-    if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
-        return -e;
+    if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        *err = e;
+        return -1;
+    }
     int count = 0;
     for (int i = 0; i < md->topic_cnt; i++) {
         const rd_kafka_metadata_topic_t *mt = &md->topics[i];
@@ -398,18 +402,24 @@ int kw_metadata(kw_reader *r, const char *topic, int timeout_ms, int32_t *leader
         used += (size_t)w;
     }
     rk.metadata_destroy(md);
-    return e ? -e : count;
+    if (e) {
+        *err = e;
+        return -1;
+    }
+    return count;
 }
 
-/* confluent-kafka's list_topics() makes a Python object for every partition of the cluster:
- * a planning of a pattern over a cluster of ~9,000 partitions spent ~12 ms more than one of
- * a named topic (bench/README.md, "A pattern's topics in one call"). */
+/* confluent-kafka's list_topics() makes a Python object for every partition of the cluster,
+ * holding the GIL: 6.3 ms of the asking thread's CPU on a cluster of 8,708 partitions,
+ * against 0.08 here (bench/README.md, "A pattern's topics in one call"). */
 int kw_topic_counts(kw_reader *r, int timeout_ms, char *names, size_t nlen, size_t *needed,
-                    int32_t *counts, int cap) {
+                    int32_t *counts, int cap, int *err) {
     const rd_kafka_metadata_t *md = NULL;
     int e = rk.metadata(r->rk, 1, NULL, &md, timeout_ms);
-    if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
-        return -e;
+    if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        *err = e;
+        return -1;
+    }
     int n = 0, room = 1;   /* once one does not fit, none is written: the call is made again */
     size_t used = 0;
     for (int i = 0; i < md->topic_cnt; i++) {
@@ -1293,11 +1303,11 @@ static void clear(kw_reader *r, int stop) {
 /* Stop every partition parked by an earlier task (their fetch queues lead to this queue),
  * resumed first: a parked partition is paused, and librdkafka keeps a pause through a stop
  * and a start, so one stopped paused fetched nothing when a later task started it again.
- * A worker's tasks of more and of fewer than MANY_PARTITIONS (compiled.py) partitions share a consumer
- * where their settings match (packs over many topics at thousands of partitions): a task of
- * few partitions reset it, and a later task's partitions parked before stalled for
- * kafkaConsumer.pollTimeoutMs and failed (the resume's barrier is dropped with the stop's,
- * drain_own). */
+ * A worker's tasks of more and of fewer than MANY_PARTITIONS (compiled.py) partitions share
+ * a consumer where their settings match (packs over many topics at thousands of
+ * partitions): a task of few partitions reset it, and a later task's partitions parked
+ * before stalled for kafkaConsumer.pollTimeoutMs and failed (the resume's barrier is
+ * dropped with the stop's, drain_own). */
 static void unpark(kw_reader *r) {
     rd_kafka_topic_partition_list_t *paused = rk.tpl_new(8);
     for (int t = 0; t < r->ntopics; t++)

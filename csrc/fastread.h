@@ -66,18 +66,20 @@ int kw_offsets(kw_reader *r, const char **topics, const int32_t *partitions,
                int64_t *offsets, int32_t *errors, int n, int chunk, int timeout_ms);
 /* Ask the brokers for `topic`'s metadata (this also refreshes librdkafka's cached leaders and
  * leader epochs): each partition's leader into leaders[partition] (for partitions < cap),
- * the brokers as "id host port\n" lines into `brokers`. Returns the partition count, or a
- * negative librdkafka error code. */
+ * the brokers as "id host port\n" lines into `brokers`. Returns the partition count, or -1
+ * with the librdkafka error code in *err (librdkafka's own codes are negative, the
+ * brokers' positive: a code negated into the answer read a timeout, -185, as 185
+ * partitions). */
 int kw_metadata(kw_reader *r, const char *topic, int timeout_ms, int32_t *leaders, int cap,
-                char *brokers, size_t blen);
+                char *brokers, size_t blen, int *err);
 /* Every topic the brokers know and its partition count, from one metadata request for the
  * whole cluster (a subscribePattern's topics): the names of the topics without an error into
  * `names`, each ending with a NUL (at most nlen bytes), their counts into counts[] (at most
  * cap). Returns how many topics there are, and sets *needed to the bytes their names take:
- * more than cap or nlen hold, and the call is to be made again with room. A negative
- * librdkafka error code when the request fails. */
+ * more than cap or nlen hold, and the call is to be made again with room. -1, the
+ * librdkafka error code in *err, when the request fails. */
 int kw_topic_counts(kw_reader *r, int timeout_ms, char *names, size_t nlen, size_t *needed,
-                    int32_t *counts, int cap);
+                    int32_t *counts, int cap, int *err);
 int kw_add_lane(kw_reader *r, const char *topic, int32_t partition, int64_t position,
                 int64_t end);
 /* The lane's address: valid until the next kw_add_lane (which may move every lane). */

@@ -360,6 +360,26 @@ def test_the_drivers_offsets_lookups_answer_every_partition_on_both_engines(
 
 
 @pytest.mark.skipif(compiled.unavailable() is not None, reason="compiled engine not built")
+def test_the_compiled_clients_metadata_requests_fail_when_no_broker_answers():
+    """A metadata request that gets no answer (a timeout, a refused connection: librdkafka's
+    own error codes, which are negative) raises. Its code negated into the answer, a
+    timeout (-185) read as a topic of 185 partitions."""
+    from confluent_kafka import KafkaException
+
+    options = parse_options({"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t"})
+    conf = {k: v for k, v in task_conf(options, 1).items() if k != "logger"}
+    client = compiled._Client(conf, False, 1)
+    try:
+        for ask in (lambda: client.partition_count("t", 0.3),
+                    lambda: client.list_topics("t", 0.3), lambda: client.topic_counts(0.3)):
+            with pytest.raises(KafkaException) as caught:
+                ask()
+            assert caught.value.args[0].code() < 0, caught.value
+    finally:
+        client.close()
+
+
+@pytest.mark.skipif(compiled.unavailable() is not None, reason="compiled engine not built")
 @pytest.mark.parametrize("engine", ["compiled", "python"])
 def test_a_patterns_topics_asked_ahead_are_every_topic_of_the_cluster(broker, engine):
     """A ``subscribePattern`` planning asks every topic of the cluster and its partition
