@@ -491,14 +491,12 @@ class KafkaMetadata:
         if client is None:
             with self._quick_lock:
                 client = self._consumer = self._consumer or self._offsets_consumer()
+        if not hasattr(client, "topic_counts"):   # confluent-kafka's (readEngine=python)
+            return self._topic_counts(timeout)
         if subscription.kind == "subscribePattern" or len(names) > NAMED_METADATA_MAX:
             # The whole cluster's topics (a pattern's): one C call, no Python object a
             # partition of the cluster (bench/README.md, "A pattern's topics in one call").
-            if hasattr(client, "topic_counts"):
-                return client.topic_counts(timeout)
-            return self._topic_counts(timeout)
-        if not hasattr(client, "partition_count"):
-            return self._topic_counts(timeout)
+            return client.topic_counts(timeout)
         return {name: client.partition_count(name, timeout) for name in names}
 
     def latest_offsets(self, tps: Iterable[TopicPartition], ahead: Ahead | None = None
