@@ -204,6 +204,10 @@ void kw_free(void *p) { free(p); }
 enum { KW_IDLE = 0, KW_READING = 1, KW_PARKED = 2 };
 /* What a partition may carry: twice its ranges' records, at least this many (past_end). */
 #define KW_CARRY_MIN 64
+/* The most records a parked partition fetches in vain to reach its range (catches_up): at
+ * 4,096 partitions a seek costs a pass of librdkafka's broker thread over all of them, some
+ * hundred records' reading. */
+#define KW_CATCH_UP 256
 typedef struct kw_slot {
     int state;
     int32_t leader1;             /* its leader's id + 1 when kw_metadata last asked; 0 unknown */
@@ -232,7 +236,8 @@ struct kw_reader {
     kw_slot **parks;             /* [topic][partition] */
     int32_t *nparks;
     int parking;                 /* this task's partitions are parked at its end (kw_park) */
-    int resumed;                 /* partitions the last kw_start resumed where they stood */
+    int resumed;                 /* partitions the last kw_start resumed (where they stood, or
+                                  * a little behind their ranges: catches_up) */
     int slept;                   /* of those, kept paused: their carry held their ranges */
     int nlanes;
     int lane_cap;
@@ -605,9 +610,24 @@ static void drain_own(kw_reader *r, kw_slot *p, int keep) {
         }
 }
 
+/* Whether a parked partition that stands at `resumes`, behind the range it reads from
+ * `position`, goes on from there: the records between are fetched and dropped (file: before
+ * the range), at most KW_CATCH_UP of them, where a seek would wake its leader's broker thread
+ * for a pass over every partition the consumer knows. A partition stands behind when another
+ * consumer read its last ranges: Spark hands a micro-batch's tasks to whichever Python worker
+ * is free, and each worker keeps its own consumer. A task of 4,096 partitions of a stream
+ * read as it is written, two records a range, on the other worker sought every one: 655 ms
+ * (median) against 377 on the same worker; resumed, 431 against 396 (bench/bench_worker_swap.py,
+ * bench/README.md "Tasks that change workers"). After a range its last task left unfinished
+ * (`end` INT64_MAX) it is sought. */
+static int catches_up(const kw_slot *p, int64_t resumes, int64_t position) {
+    return p->end <= resumes && resumes < position && position - resumes <= KW_CATCH_UP;
+}
+
 /* The first lane of each partition starts the partition's consumption at its position. A
  * partition its consumer's last task parked (kw_park) is resumed: where it stopped, when its
- * range begins there, with the messages it carried filed first; else sought to its range.
+ * range begins there, with the messages it carried filed first, or a little behind its range
+ * (catches_up), its carry dropped; else sought to its range.
  * Resuming wakes no broker thread (starting or seeking does: a pass over every partition it
  * leads each), and a resumed partition is otherwise fetched only when its leader's thread
  * next looks, up to a second later: of each leader no other seek wakes, one resumed
@@ -675,11 +695,15 @@ int kw_start(kw_reader *r, int park, char *err, size_t errlen) {
             kw_lane *l = &r->lanes[lane[j]];
             kw_slot *p = park_of(r, l->topic, l->partition);
             int64_t resumes = parked->elems[j].offset;
-            int resumable = p->end <= l->position && l->position <= resumes && !p->truncated;
+            int behind = !p->asleep && catches_up(p, resumes, l->position);
+            int resumable = (p->end <= l->position && l->position <= resumes &&
+                             !p->truncated) || behind;
             r->resumed += pass == 0 && (resumable || p->asleep);
             r->slept += pass == 0 && p->asleep;
             if (p->asleep)
                 continue;   /* paused: nothing to seek, no leader to wake for it */
+            if (pass == 0 && behind)
+                park_drop(p);   /* carried from before its range */
             int seen = 0;
             for (int w = 0; w < nwoken && !seen; w++)
                 seen = woken[w] == p->leader1;

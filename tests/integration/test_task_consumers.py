@@ -243,6 +243,62 @@ def test_partitions_parked_through_a_task_of_few_partitions_read_again(broker, m
     assert read([(p, 2 * n, 3 * n) for p in range(6)], many=4) is parked
 
 
+@pytest.mark.skipif(compiled.unavailable() is not None, reason="compiled engine not built")
+def test_parked_partitions_a_few_records_behind_their_ranges_are_resumed(broker, monkeypatch):
+    """Spark gives a micro-batch's tasks to whichever Python worker is free, and each worker
+    keeps its own consumer: when a pack's task runs on the other worker, that worker's parked
+    partitions stand where its own last task of them ended, a batch or more behind the new
+    ranges. Those at most KW_CATCH_UP (256) records behind are resumed and read up to their
+    ranges, the records between dropped, instead of sought (a pass of librdkafka's broker
+    thread over every partition the consumer knows, each): a task of 4,096 partitions of a
+    stream read as it is written took 655 ms on the other worker sought, 431 resumed (377 and
+    396 on the same worker; bench/bench_worker_swap.py). One further behind is sought. Every
+    task reads exactly its ranges, read as the log is written (each range ends at the log's
+    end)."""
+    monkeypatch.setattr(compiled, "MANY_PARTITIONS", 4)
+    workers = [compiled._Clients(), compiled._Clients()]
+    topic = broker.create_topic(6)
+    writer = TopicWriter(broker, topic)
+    written = [0] * 6
+    options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
+                             "subscribe": topic, "readEngine": "compiled",
+                             "kafkaConsumer.pollTimeoutMs": "20000"})
+
+    def read(worker: int, spans: list[tuple[int, int, int]]) -> int:
+        for p, _, end in spans:   # the log ends where the range does
+            writer.send([Record(p, 1_000 + i, value=f"{p}-{i}".encode())
+                         for i in range(written[p], end)])
+            written[p] = max(written[p], end)
+        monkeypatch.setattr(compiled, "_clients", workers[worker])
+        tasks = [RangeTask(topic, p, a, b, PartitionState(), True, None, NO_PARTITIONS)
+                 for p, a, b in spans]
+        table = pa.Table.from_batches(list(PackReader(options, OutputLayout(), Decoders(),
+                                                      tasks)),
+                                      schema=OutputLayout().schema())
+        assert sorted(zip(table.column("partition").to_pylist(),
+                          table.column("offset").to_pylist(),
+                          table.column("value").to_pylist())) == \
+            [(p, i, f"{p}-{i}".encode()) for p, a, b in sorted(spans) for i in range(a, b)]
+        (client, _), = workers[worker].kept.values()
+        return compiled.lib.kw_resumed(client.handle)
+
+    try:
+        assert read(0, [(p, 0, 10) for p in range(6)]) == 0    # started, then parked
+        assert read(1, [(p, 10, 20) for p in range(6)]) == 0   # the other worker's first
+        # worker 0's partitions stand at 10, their ranges begin at 20: resumed, every one
+        assert read(0, [(p, 20, 30) for p in range(6)]) == 6
+        assert read(1, [(0, 30, 40)] + [(p, 30, 90) for p in range(1, 6)]) == 6
+        # (ranges of at most 64 records: one consumer configuration, compiled.MANY_PREFETCH)
+        for start in range(90, 330, 60):
+            assert read(1, [(p, start, start + 60) for p in range(1, 6)]) == 5
+        # worker 0's stand at 30: partition 0's range 10 records on, the others' 300
+        assert read(0, [(0, 40, 50)] + [(p, 330, 340) for p in range(1, 6)]) == 1
+        assert read(0, [(0, 50, 60)] + [(p, 340, 350) for p in range(1, 6)]) == 6
+    finally:
+        for pool in workers:
+            pool.close_all()
+
+
 def _six_partitions(broker, records: int, engine: str):
     """A topic of 6 partitions holding ``records`` records each (value ``"p-i"``), and the
     options that read it with ``engine``."""
