@@ -26,6 +26,20 @@ from kwatermark.watermarks import NO_PARTITIONS
 from tests.support.kafka import Record, TopicWriter
 
 
+def read_exactly(options, topic: str, spans: list[tuple[int, int, int]]) -> None:
+    """Read ``spans`` (partition, start, end) of ``topic`` as one Spark task does (one
+    ``PackReader``) and check that it got exactly their records, each valued ``"p-i"``
+    by its writer."""
+    tasks = [RangeTask(topic, p, a, b, PartitionState(), True, None, NO_PARTITIONS)
+             for p, a, b in spans]
+    table = pa.Table.from_batches(list(PackReader(options, OutputLayout(), Decoders(), tasks)),
+                                  schema=OutputLayout().schema())
+    assert sorted(zip(table.column("partition").to_pylist(),
+                      table.column("offset").to_pylist(),
+                      table.column("value").to_pylist())) == \
+        [(p, i, f"{p}-{i}".encode()) for p, a, b in sorted(spans) for i in range(a, b)]
+
+
 @pytest.mark.skipif(compiled.unavailable() is not None, reason="compiled engine not built")
 def test_a_worker_keeps_its_consumer_between_tasks_and_nothing_of_the_last_task(
         broker, monkeypatch):
@@ -119,16 +133,7 @@ def test_a_task_of_many_partitions_parks_them_for_the_next(broker, monkeypatch):
         for p, _, end in spans:
             if grow and written[p] < end:
                 log_to(p, end)
-        tasks = [RangeTask(topic, p, a, b, PartitionState(), True, None, NO_PARTITIONS)
-                 for p, a, b in spans]
-        table = pa.Table.from_batches(list(PackReader(options, OutputLayout(), Decoders(),
-                                                      tasks)),
-                                      schema=OutputLayout().schema())
-        got = sorted(zip(table.column("partition").to_pylist(),
-                         table.column("offset").to_pylist(),
-                         table.column("value").to_pylist()))
-        assert got == [(p, i, f"{p}-{i}".encode()) for p, a, b in sorted(spans)
-                       for i in range(a, b)]
+        read_exactly(options, topic, spans)
         (client, _), = compiled._clients.kept.values()
         return client, (compiled.lib.kw_resumed(client.handle),
                         compiled.lib.kw_slept(client.handle))
@@ -222,15 +227,7 @@ def test_partitions_parked_through_a_task_of_few_partitions_read_again(broker, m
 
     def read(spans: list[tuple[int, int, int]], many: int) -> compiled._Client:
         monkeypatch.setattr(compiled, "MANY_PARTITIONS", many)
-        tasks = [RangeTask(topic, p, a, b, PartitionState(), True, None, NO_PARTITIONS)
-                 for p, a, b in spans]
-        table = pa.Table.from_batches(list(PackReader(options, OutputLayout(), Decoders(),
-                                                      tasks)),
-                                      schema=OutputLayout().schema())
-        assert sorted(zip(table.column("partition").to_pylist(),
-                          table.column("offset").to_pylist(),
-                          table.column("value").to_pylist())) == \
-            [(p, i, f"{p}-{i}".encode()) for p, a, b in sorted(spans) for i in range(a, b)]
+        read_exactly(options, topic, spans)
         (client, _), = compiled._clients.kept.values()
         return client
 
@@ -270,15 +267,7 @@ def test_parked_partitions_a_few_records_behind_their_ranges_are_resumed(broker,
                          for i in range(written[p], end)])
             written[p] = max(written[p], end)
         monkeypatch.setattr(compiled, "_clients", workers[worker])
-        tasks = [RangeTask(topic, p, a, b, PartitionState(), True, None, NO_PARTITIONS)
-                 for p, a, b in spans]
-        table = pa.Table.from_batches(list(PackReader(options, OutputLayout(), Decoders(),
-                                                      tasks)),
-                                      schema=OutputLayout().schema())
-        assert sorted(zip(table.column("partition").to_pylist(),
-                          table.column("offset").to_pylist(),
-                          table.column("value").to_pylist())) == \
-            [(p, i, f"{p}-{i}".encode()) for p, a, b in sorted(spans) for i in range(a, b)]
+        read_exactly(options, topic, spans)
         (client, _), = workers[worker].kept.values()
         return compiled.lib.kw_resumed(client.handle)
 
