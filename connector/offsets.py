@@ -545,10 +545,21 @@ def plan_splits(ranges: dict[TopicPartition, tuple[int, int]], min_partitions: i
     return splits
 
 
-def _packs_of_at_least(sizes: list[int], min_records: int) -> list[tuple[int, int]]:
+# The packing rule, part of each pack's ledger key (BatchPlanner.pack_keys): 2 joins a short
+# last pack to the one before it (_packs_of_at_least); 1, kwatermark's rule before it, kept
+# it alone. A batch planned under 1 (a query upgraded mid-stream) is folded under 1.
+PACKING = 2
+
+
+def _packs_of_at_least(sizes: list[int], min_records: int, packing: int = PACKING
+                       ) -> list[tuple[int, int]]:
     """``pack_bounds`` with no cap and one pack wanted: each pack closes at the range that
     brings it to ``min_records`` (thousands of ranges, a handful of packs: a search a pack,
-    not a step a range)."""
+    not a step a range); a last pack of less than half ``min_records`` joins the one before
+    it. A Spark task costs a fixed ~30 ms, and with as many tasks as cores a short third
+    task waits for a core: 40,960 records over 4,096 partitions packed 2,000 + 2,000 + 96
+    partitions, and the 96 started 200-380 ms into the batch, after a long one ended, and
+    ended it 50-80 ms later (bench/README.md, "A short last pack")."""
     totals = list(accumulate(sizes))   # totals[i]: the records of ranges 0 to i
     bounds, low, n = [], 0, len(sizes)
     while low < n:
@@ -556,6 +567,9 @@ def _packs_of_at_least(sizes: list[int], min_records: int) -> list[tuple[int, in
         high = min(bisect_left(totals, before + min_records, lo=low), n - 1) + 1
         bounds.append((low, high))
         low = high
+    if packing >= 2 and len(bounds) > 1 and \
+            totals[-1] - totals[bounds[-1][0] - 1] < min_records / 2:
+        bounds[-2:] = [(bounds[-2][0], n)]
     return bounds
 
 
@@ -567,7 +581,7 @@ def with_state(offset: BatchOffset, tp: TopicPartition, **changes) -> BatchOffse
 
 
 def pack_bounds(sizes: list[int], min_records: int | None, min_partitions: int | None,
-                max_records: int | None) -> list[tuple[int, int]]:
+                max_records: int | None, packing: int = PACKING) -> list[tuple[int, int]]:
     """Group consecutive ranges (of ``sizes[i]`` records each) into Spark tasks of at least
     ``min_records`` records: each pack as ``(low, high)``, ranges ``low`` to ``high - 1``.
 
@@ -577,14 +591,16 @@ def pack_bounds(sizes: list[int], min_records: int | None, min_partitions: int |
     what. Deterministic in ``sizes`` (a replayed batch packs the same way). A pack is closed
     once it holds ``min_records``; it never grows past ``maxRecordsPerPartition`` nor past
     an even share of the batch among ``minPartitions`` tasks, and there are never fewer
-    packs than ``min(minPartitions, len(sizes))``. ``min_records`` of None or 1 packs nothing.
+    packs than ``min(minPartitions, len(sizes))``. Where neither bounds it, a last pack of
+    less than half ``min_records`` joins the one before (``packing`` 2, ``PACKING``).
+    ``min_records`` of None or 1 packs nothing.
     """
     n = len(sizes)
     if not min_records or min_records <= 1 or n <= 1:
         return [(i, i + 1) for i in range(n)]
     wanted = min(min_partitions or 1, n)
     if wanted == 1 and not max_records:
-        return _packs_of_at_least(sizes, min_records)
+        return _packs_of_at_least(sizes, min_records, packing)
     cap = max_records or math.inf
     if wanted > 1:
         cap = min(cap, math.ceil(sum(sizes) / wanted))

@@ -21,6 +21,7 @@ from kwatermark.broker import Ahead, KafkaMetadata
 from kwatermark.errors import BrokerError, DataLossError, OptionError
 from kwatermark.ledger import ProgressLedger, ProgressRecord, pack_keys
 from kwatermark.offsets import (
+    PACKING,
     BatchOffset,
     PartitionRange,
     PartitionState,
@@ -854,14 +855,21 @@ class BatchPlanner:
         them there. All None when no pack holds more than one range (each range's record
         has its own key)."""
         if self._keys is None or self._keys[0] is not offset:
-            packs = self._tasks_and_packs(offset)[1]
-            keys: list[str | None] = [None] * len(packs)
-            if any(len(pack) > 1 for pack in packs):
-                packing = (self.options.min_records_per_partition,
-                           self.options.min_partitions, self.options.max_records_per_partition)
-                keys = pack_keys(self._json_of(offset), self.fingerprint, packing, len(packs))
-            self._keys = (offset, keys)
+            self._keys = (offset, self._keys_of(offset, self._tasks_and_packs(offset)[1],
+                                                PACKING))
         return self._keys[1]
+
+    def _keys_of(self, offset: BatchOffset, packs: list[TaskColumns], packing: int
+                 ) -> list[str | None]:
+        """``packs``' ledger keys under the packing rule ``packing`` (``offsets.PACKING``);
+        rule 1's are the keys kwatermark wrote before the rule was part of them."""
+        if not any(len(pack) > 1 for pack in packs):
+            return [None] * len(packs)
+        options = (self.options.min_records_per_partition, self.options.min_partitions,
+                   self.options.max_records_per_partition)
+        if packing >= 2:
+            options += (packing,)
+        return pack_keys(self._json_of(offset), self.fingerprint, options, len(packs))
 
     def _json_of(self, offset: BatchOffset) -> dict:
         """The JSON Spark logged for ``offset`` (the dict it came from, or the one written
@@ -872,12 +880,34 @@ class BatchPlanner:
                 return known_json
         return offset.to_json()
 
-    def _packs(self, tasks: TaskColumns) -> list[TaskColumns]:
+    def _packs(self, tasks: TaskColumns, packing: int = PACKING) -> list[TaskColumns]:
         bounds = pack_bounds([end - start for start, end in zip(tasks.start, tasks.end)],
                              self.options.min_records_per_partition,
                              self.options.min_partitions,
-                             self.options.max_records_per_partition)
+                             self.options.max_records_per_partition, packing)
         return [tasks.rows(low, high) for low, high in bounds]
+
+    def _records_of(self, packs: list[TaskColumns], keys: list[str | None],
+                    wanted: set[int] | None = None) -> list[tuple | None]:
+        """Each range's record as (generator, min event, max event, max row watermark), in
+        offset order, read from its pack's file (``ledger.publish_pack``: columns, no record
+        object a range) or, where that is not there, its own (a record recomputed here, or
+        packed otherwise); None where neither is. With ``wanted`` (rows), only the packs
+        holding one of those rows are looked up."""
+        found: list[tuple | None] = []
+        for pack, key in zip(packs, keys):
+            row = len(found)
+            if wanted is not None and not any(r in wanted for r in range(row, row + len(pack))):
+                found += [None] * len(pack)
+                continue
+            columns = (self.ledger.lookup_pack_columns(pack, self.fingerprint, key)
+                       if len(pack) > 1 else None)
+            if columns is not None:
+                found += zip(*map(columns.__getitem__, _FOLDED_FIELDS))
+            else:
+                found += [_folded_fields(self.ledger.lookup(task, self.fingerprint))
+                          for task in pack]
+        return found
 
     def fold(self, offset: BatchOffset) -> tuple[Mapping[TopicPartition, PartitionState], int]:
         """Each partition's state at ``to`` of the batch ending at ``offset``, and the highest
@@ -886,19 +916,15 @@ class BatchPlanner:
                                          or self._folded[0] == offset):
             return self._folded[1], self._folded[2]
         tasks, packs = self._tasks_and_packs(offset)
-        # Each range's record as (generator, min event, max event, max row watermark), read
-        # from the pack files' columns: no record object a range (4,096 a planning).
-        found: list[tuple | None] = []
-        # Spark tasks wrote one file per pack (ledger.publish_pack); a range's own record
-        # is there when its pack's is not (a record recomputed here, or packed otherwise).
-        for pack, key in zip(packs, self.pack_keys(offset)):
-            columns = (self.ledger.lookup_pack_columns(pack, self.fingerprint, key)
-                       if len(pack) > 1 else None)
-            if columns is not None:
-                found += zip(*map(columns.__getitem__, _FOLDED_FIELDS))
-            else:
-                found += [_folded_fields(self.ledger.lookup(task, self.fingerprint))
-                          for task in pack]
+        found = self._records_of(packs, self.pack_keys(offset))
+        if None in found:
+            # A batch planned by kwatermark's packing rule before (a query upgraded between
+            # batches): its tasks wrote their packs' files under that rule's packs and keys.
+            wanted = {row for row, record in enumerate(found) if record is None}
+            legacy = self._packs(tasks, packing=1)
+            again = self._records_of(legacy, self._keys_of(offset, legacy, 1), wanted)
+            found = [record if record is not None else other
+                     for record, other in zip(found, again)]
         missing = [tasks[row] for row, record in enumerate(found) if record is None]
         if missing:
             recomputed = iter(self._recompute(missing))

@@ -49,9 +49,19 @@ def test_packing_off_is_one_task_per_range():
 
 
 def test_small_ranges_fill_a_task_up_to_min_records():
+    # the last 10 records, less than half of 25, join the pack before them: a short task of
+    # its own would wait for a core behind the others
     packs = pack_tasks(ranges_of([10] * 10 + [100, 5, 5]), 25, None, None)
-    assert [sum(sizes(p)) for p in packs] == [30, 30, 30, 110, 10]
+    assert [sum(sizes(p)) for p in packs] == [30, 30, 30, 120]
+    packs = pack_tasks(ranges_of([10] * 10 + [100, 5, 10]), 25, None, None)
+    assert [sum(sizes(p)) for p in packs] == [30, 30, 30, 110, 15]
     assert [len(p) for p in pack_tasks(ranges_of([10] * 10), 1000, None, None)] == [10]
+    # 40,960 records over 4,096 partitions, 20,000 a task: two tasks, not 2,000 + 2,000 + 96
+    packs = pack_tasks(ranges_of([10] * 4096), 20_000, None, None)
+    assert [len(p) for p in packs] == [2000, 2096]
+    # kwatermark's packing before (rule 1, which a batch planned before an upgrade used)
+    assert [hi - lo for lo, hi in pack_bounds([10] * 4096, 20_000, None, None, 1)] == \
+        [2000, 2000, 96]
 
 
 def test_min_partitions_and_max_records_per_partition_still_hold():
@@ -77,13 +87,22 @@ def test_packs_cover_every_range_once_in_order(range_sizes, min_records, min_par
     assert all(packs)
     assert len(packs) >= min(min_partitions or 1, len(tasks))
     total = sum(range_sizes)
-    for pack in packs:
+    uncapped = (min_partitions or 1) == 1 and not max_records
+    for index, pack in enumerate(packs):
         if len(pack) > 1:
             assert sum(sizes(pack)) <= (max_records or math.inf)
             if min_partitions and min_partitions > 1:
                 assert sum(sizes(pack)) <= math.ceil(total / min(min_partitions, len(tasks)))
-            # a pack grows only while it is below the minimum
-            assert sum(sizes(pack)[:-1]) < min_records
+            # a pack grows only while it is below the minimum; uncapped, the last one may
+            # then take a rest of less than half the minimum that follows it
+            grown = sizes(pack)
+            if uncapped and index == len(packs) - 1 and sum(grown[:-1]) >= min_records:
+                first = next(i for i in range(len(grown)) if sum(grown[:i + 1]) >= min_records)
+                assert sum(grown[first + 1:]) < min_records / 2
+                grown = grown[:first + 1]
+            assert sum(grown[:-1]) < min_records
+    if uncapped and min_records and len(packs) > 1:
+        assert sum(sizes(packs[-1])) >= min_records / 2
     if not min_records or min_records <= 1:
         assert all(len(p) == 1 for p in packs)
 
@@ -231,6 +250,44 @@ def test_a_lost_pack_is_recomputed_range_by_range_and_counted(tmp_path, caplog):
     # The five missing ranges are read together, in order (one consumer, as a pack).
     planner._recompute.assert_called_once_with([t for t in pack if t != pack[1]])
     assert "recomputed 5 of 6 ranges of the last batch on the driver" in caplog.text
+
+
+def test_a_batch_packed_by_the_rule_before_folds_from_its_files(tmp_path, caplog):
+    """A query upgraded between two batches: the last batch before was packed by
+    kwatermark's rule before (packing 1: a short last pack on its own) and its Spark tasks
+    wrote their records under that rule's packs and keys. The next planning folds it from
+    those files: nothing recomputed, no warning, the same state as under today's packing."""
+    from kwatermark.ledger import pack_keys
+
+    ledger = str(tmp_path / "ledger")
+    planner, broker = planner_for(7, ledger, minRecordsPerPartition="5")
+    start = planner.initial_offset()
+    for p in range(7):
+        broker.ends[(TOPIC, p)] += 2
+    end = planner.latest_offset(start, ReadLimits())
+    tasks = planner.tasks(end)
+    read = {task: read_task(planner, task, [100 + i for i in range(2)], 7)[1] for task in tasks}
+
+    def publish(packs, keys) -> None:
+        for pack, key in zip(packs, keys):   # as each Spark task does (source._read)
+            planner.ledger.publish_pack(pack, planner.fingerprint,
+                                        record_columns([read[t] for t in pack.tasks]), key)
+
+    packs = planner.packed_tasks(end)
+    assert [len(pack) for pack in packs] == [3, 4]   # 6 records, then 6 + a short 2
+    publish(packs, planner.pack_keys(end))
+    planner._recompute = mock.Mock(side_effect=AssertionError("a range was recomputed"))
+    expected = planner.fold(end)
+
+    shutil.rmtree(ledger)
+    planner._folded = None
+    before = planner._packs(TaskColumns.of(tasks), packing=1)
+    assert [len(pack) for pack in before] == [3, 3, 1]
+    # the keys kwatermark wrote before the rule was part of them
+    publish(before, pack_keys(planner._json_of(end), planner.fingerprint, (5, None, None), 3))
+    with caplog.at_level("WARNING"):
+        assert planner.fold(end) == expected
+    assert not caplog.records
 
 
 def test_a_pack_fetches_per_request_its_partitions_worth_up_to_8_mb():
