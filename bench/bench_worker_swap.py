@@ -31,6 +31,7 @@ import random
 import statistics
 import time
 
+import common
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -50,12 +51,7 @@ def append(producer: Producer, topic: str, partitions: int, records: int) -> Non
     """``records`` more records of 100 B in every partition, a partition's in one batch."""
     for p in range(partitions):
         for _ in range(records):
-            while True:
-                try:
-                    producer.produce(topic, b"x" * 100, partition=p)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
+            common._produce(producer, topic, p, b"x" * 100, 0)   # 0: the producer's clock
     if producer.flush(120) != 0:
         raise RuntimeError(f"topic {topic}: records left unsent after flush")
 

@@ -920,6 +920,7 @@ class BatchPlanner:
         if None in found:
             # A batch planned by kwatermark's packing rule before (a query upgraded between
             # batches): its tasks wrote their packs' files under that rule's packs and keys.
+            # (A pack lost otherwise is looked for there too, in vain, then recomputed.)
             wanted = {row for row, record in enumerate(found) if record is None}
             legacy = self._packs(tasks, packing=1)
             again = self._records_of(legacy, self._keys_of(offset, legacy, 1), wanted)
