@@ -236,6 +236,7 @@ struct kw_reader {
     kw_slot **parks;             /* [topic][partition] */
     int32_t *nparks;
     int parking;                 /* this task's partitions are parked at its end (kw_park) */
+    rd_kafka_topic_partition_list_t *holding;   /* carries full, to pause (hold_flush) */
     int resumed;                 /* partitions the last kw_start resumed (where they stood, or
                                   * a little behind their ranges: catches_up) */
     int slept;                   /* of those, kept paused: their carry held their ranges */
@@ -510,17 +511,6 @@ static void park_drop(kw_slot *p) {
     p->truncated = 0;   /* nothing kept: it is started or sought before it reads again */
 }
 
-/* Keep the first `limit` carried messages: the next ranges read them, the partition paused
- * (kw_start); once they do not hold a task's ranges it is sought, not resumed, since
- * librdkafka stands past what was kept. */
-static void truncate_carry(kw_slot *p) {
-    for (int i = (int)p->limit; i < p->n; i++)
-        rk.message_destroy(p->carry[i]);
-    if (p->n > p->limit)
-        p->n = (int)p->limit;
-    p->truncated = 1;
-}
-
 static int same_partition(kw_lane *a, kw_lane *b);
 
 /* The end of the last of the partition's lanes from lane i (its first). */
@@ -534,13 +524,19 @@ static int64_t partition_end(kw_reader *r, int i) {
  * for the next task's range (librdkafka counts it consumed: a resumed partition fetches
  * after it); any other is dropped. librdkafka does not count what is kept against its
  * prefetch and goes on fetching, so what a partition keeps is bounded (a stream catching
- * up, its ranges shorter than a Fetch answer, would keep more after every task): past its
- * limit it keeps no more (truncate_carry). It kept nothing then, and was sought every task:
- * a stream catching up at 4,096 partitions (ranges of 2 records, 80 in each log) took
- * 0.6-2.5 s a task until its logs' ends came within reach. */
+ * up, its ranges shorter than a Fetch answer, would keep more after every task): at its
+ * limit the partition is paused (hold), and what the same poll handed over past it is
+ * carried too. Unbounded, it kept nothing, and was sought every task: a stream catching up
+ * at 4,096 partitions (ranges of 2 records, 80 in each log) took 0.6-2.5 s a task until its
+ * logs' ends came within reach. One that cannot be paused (hold) keeps no more past its
+ * limit (truncated: the next task seeks it). */
+static void hold(kw_reader *r, kw_slot *p, int t, int32_t partition);
+static void hold_flush(kw_reader *r);
+
 static void past_end(kw_reader *r, rd_kafka_message_t *m) {
     kw_slot *p = NULL;
-    for (int t = 0; r->parking && t < r->ntopics; t++)
+    int t = 0;
+    for (; r->parking && t < r->ntopics; t++)
         if (r->topics[t] == m->rkt) {
             p = park_of(r, t, m->partition);
             break;
@@ -549,7 +545,7 @@ static void past_end(kw_reader *r, rd_kafka_message_t *m) {
         rk.message_destroy(m);
         return;
     }
-    if (p->truncated || p->n >= p->limit) {
+    if (p->truncated || (p->n >= p->limit && !p->asleep)) {
         p->truncated = 1;
         rk.message_destroy(m);
         return;
@@ -559,6 +555,8 @@ static void past_end(kw_reader *r, rd_kafka_message_t *m) {
         p->carry = realloc(p->carry, (size_t)p->cap * sizeof(*p->carry));
     }
     p->carry[p->n++] = m;
+    if (p->n >= p->limit && !p->asleep)
+        hold(r, p, t, m->partition);
 }
 
 static void drain_own(kw_reader *r, kw_slot *p, int keep);
@@ -767,8 +765,9 @@ int kw_start(kw_reader *r, int park, char *err, size_t errlen) {
             p->end = partition_end(r, i);
             p->limit = 2 * (p->end - l->position);
             p->limit = p->limit < KW_CARRY_MIN ? KW_CARRY_MIN : p->limit;
-            if (p->n > p->limit)   /* carries more than it may now (past_end) */
-                truncate_carry(p);
+            /* A carry longer than that is kept (truncated, it would have to be sought): it
+             * was held where it ends, at an earlier task's limit and what one poll handed
+             * over past it (hold), and it only shrinks while it holds the ranges. */
         }
     }
     r->parking = park;
@@ -926,7 +925,7 @@ static int file(kw_reader *r, rd_kafka_message_t *m) {
     return -1;
 }
 
-int kw_poll(kw_reader *r, int want, int timeout_ms) {
+static int poll_once(kw_reader *r, int want, int timeout_ms) {
     r->event_lane = -1;
     r->got = -1; /* no fetch in this call: messages of the last one were still pending */
     if (r->msg_i >= r->msg_n) {
@@ -980,6 +979,12 @@ int kw_poll(kw_reader *r, int want, int timeout_ms) {
     return KW_DRAINED;
 }
 
+int kw_poll(kw_reader *r, int want, int timeout_ms) {
+    int got = poll_once(r, want, timeout_ms);
+    hold_flush(r);   /* before any other call: a partition stopped unpaused is started again */
+    return got;
+}
+
 int kw_got(kw_reader *r) { return r->got; }
 int kw_event_lane(kw_reader *r) { return r->event_lane; }
 int kw_event_err(kw_reader *r) { return r->event_err; }
@@ -1012,6 +1017,36 @@ static void wake(kw_reader *r, kw_lane *l, kw_slot *p) {
         return;
     pause_one(r, l, 0);
     p->asleep = 0;
+}
+
+/* A parking task's partition whose carry is full (past_end), paused now, where the last
+ * message it carries leaves it, its fetch queue led away first (as kw_park does at the task's
+ * end; pausing outdates what librdkafka fetched past it and had not handed over). Left
+ * fetching, a partition whose log runs on past what it may carry (a backlog read in
+ * micro-batches) was fetched to its log's end while its task read the others: every record
+ * past the limit parsed and dropped, and librdkafka stood past what it kept (truncated), so
+ * the next task on this consumer had to seek it. Held, it resumes where its carry ends, or a
+ * little behind another worker's ranges (catches_up). What the same poll had handed over
+ * past the limit is carried too (librdkafka counts it consumed). Paused together at the end
+ * of the poll (hold_flush). */
+static void hold(kw_reader *r, kw_slot *p, int t, int32_t partition) {
+    if (!p->own)
+        p->own = rk.queue_get_partition(r->rk, r->topic_names[t], partition);
+    if (!p->own)
+        return;   /* not known any more: it goes on, and drops what passes its limit */
+    rk.queue_forward(p->own, NULL);   /* its pause's barrier stays with it (drain_own) */
+    if (!r->holding)
+        r->holding = rk.tpl_new(64);
+    rk.tpl_add(r->holding, r->topic_names[t], partition);
+    p->asleep = 1;
+}
+
+static void hold_flush(kw_reader *r) {
+    if (r->holding) {
+        rk.pause_partitions(r->rk, r->holding);
+        rk.tpl_destroy(r->holding);
+        r->holding = NULL;
+    }
 }
 
 /* A parking task's partition whose ranges are done, paused now (after STOP_AFTER_S) as
@@ -1367,6 +1402,7 @@ int kw_park(kw_reader *r) {
     /* polled, not filed: the next range's */
     while (r->msg_i < r->msg_n)
         past_end(r, r->msgs[r->msg_i++]);
+    hold_flush(r);
     rd_kafka_topic_partition_list_t *list = rk.tpl_new(r->nlanes ? r->nlanes : 1);
     for (int i = 0; i < r->nlanes; i++) {
         kw_lane *l = &r->lanes[i];

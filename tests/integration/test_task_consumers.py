@@ -181,12 +181,14 @@ def test_a_task_of_many_partitions_parks_them_for_the_next(broker, monkeypatch):
     # that one too, and the next task starts each again where its range begins (librdkafka
     # keeps a pause through a stop and a start: left paused, partition 3 would read nothing
     # and the task stall). Partition 2's log stays at 1,270 (the failing task below).
-    # First, partition 0's range runs past the 64 records it kept: it is sought, not resumed
-    # (librdkafka stands past them; resumed, it would skip what lies between).
+    # First, partition 0's range runs past the 64 records it may keep: it was paused when it
+    # had kept them (and what that poll handed over past them), where librdkafka then stood,
+    # so it goes on from its carry (resumed, or kept paused if the carry holds the range).
+    # Left fetching, it ran to its log's end, kept 64 and was sought (4 resumed).
     log_to(3, 1_300)   # 20 records past its next range: it keeps them
     client, resumed_now = read([(0, 2_520, 2_600), (1, 2_050, 2_060), (2, 1_260, 1_270)]
                                + [(p, 1_270, 1_280) for p in (3, 4)] + [(5, 5_400, 6_600)])
-    assert client is first and resumed_now == (4, 0)
+    assert client is first and resumed_now[0] == 5
     monkeypatch.setattr(compiled, "MANY_PARTITIONS", 10)
     client, resumed_now = read([(0, 2_500, 2_510), (1, 2_060, 2_070), (2, 1_260, 1_270)]
                                + [(p, 1_280, 1_290) for p in (3, 4)] + [(5, 6_600, 7_800)])
@@ -283,6 +285,50 @@ def test_parked_partitions_a_few_records_behind_their_ranges_are_resumed(broker,
         # worker 0's stand at 30: partition 0's range 10 records on, the others' 300
         assert read(0, [(0, 40, 50)] + [(p, 330, 340) for p in range(1, 6)]) == 1
         assert read(0, [(0, 50, 60)] + [(p, 340, 350) for p in range(1, 6)]) == 6
+    finally:
+        for pool in workers:
+            pool.close_all()
+
+
+@pytest.mark.skipif(compiled.unavailable() is not None, reason="compiled engine not built")
+def test_a_backlog_read_in_short_ranges_goes_on_where_each_partition_was_held(broker,
+                                                                              monkeypatch):
+    """A backlog read in micro-batches (AvailableNow over a topic whose logs run far past a
+    batch's ranges): each partition a task of many partitions reads is fetched past its
+    range, and once it has kept the 64 records it may (what the same poll handed over past
+    them too) it is paused there. Its worker's next task goes on from what it kept, and a
+    task on the other worker's consumer, which last read it batches before, catches up from
+    where that consumer held it. Left fetching, each partition ran to its log's end, kept 64
+    and was sought by every later task on either worker (a pass of librdkafka's broker thread
+    over every partition it knows, each): at 4,096 partitions, 1.2-1.7 s batches. Every task
+    reads exactly its ranges."""
+    monkeypatch.setattr(compiled, "MANY_PARTITIONS", 4)
+    workers = [compiled._Clients(), compiled._Clients()]
+    topic = broker.create_topic(6)
+    TopicWriter(broker, topic).send([Record(p, 1_000 + i, value=f"{p}-{i}".encode())
+                                     for i in range(2_000) for p in range(6)])
+    # a poll hands over at most 50 records: a partition held keeps at most 64 + 50 past its
+    # range, so a consumer stands between its last range's end and 114 past it
+    options = parse_options({"kafka.bootstrap.servers": broker.bootstrap_servers,
+                             "subscribe": topic, "readEngine": "compiled",
+                             "arrow.maxRecordsPerBatch": "50",
+                             "kafkaConsumer.pollTimeoutMs": "20000"})
+
+    def read(worker: int, start: int) -> int:
+        monkeypatch.setattr(compiled, "_clients", workers[worker])
+        read_exactly(options, topic, [(p, start, start + 10) for p in range(6)])
+        (client, _), = workers[worker].kept.values()
+        return compiled.lib.kw_resumed(client.handle)
+
+    try:
+        assert read(0, 0) == 0     # started
+        assert read(1, 10) == 0    # the other worker's first
+        # each range 200 records past where the consumer's last ended (so past what it
+        # may have kept, but at most KW_CATCH_UP past where it stands): caught up
+        assert read(0, 200) == 6
+        assert read(0, 210) == 6   # from what it kept, or where it stands
+        assert read(1, 220) == 6
+        assert read(0, 420) == 6
     finally:
         for pool in workers:
             pool.close_all()
