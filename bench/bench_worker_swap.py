@@ -11,7 +11,9 @@ pass over every partition the consumer knows; resumed (``catches_up`` in
 This reads ``--tasks`` tasks of ``--range`` records a partition from one topic of
 ``--partitions`` partitions, each task's ranges going on where the last ended, with
 ``--range`` records appended to every partition before each task (a stream read as it is
-written, so a task polls little past its ranges), through the compiled engine's
+written, so a task polls little past its ranges; with ``--backlog``, every task's records
+written before the first, as an AvailableNow query catching up finds them, so a task's
+partitions are fetched far past its ranges), through the compiled engine's
 ``PackReader`` as a Spark task reads. Two consumer pools stand for two workers; which one
 reads each task is drawn at random (``--seed``, the same draw for every build). Prints each
 task's wall ms and how many partitions its start resumed, then the median of the tasks that
@@ -64,6 +66,8 @@ def main() -> None:
     parser.add_argument("--range", type=int, default=10, help="records a partition a task")
     parser.add_argument("--tasks", type=int, default=24)
     parser.add_argument("--seed", type=int, default=36)
+    parser.add_argument("--backlog", action="store_true",
+                        help="write every task's records before the first (catching up)")
     args = parser.parse_args()
     if compiled.unavailable() is not None:
         raise SystemExit(f"the compiled engine is needed: {compiled.unavailable()}")
@@ -83,8 +87,11 @@ def main() -> None:
         options = parse_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic,
                                  "readEngine": "compiled"})
         tasks_of = [0, 0]
+        if args.backlog:
+            append(producer, topic, args.partitions, args.range * args.tasks)
         for k, worker in enumerate(workers):
-            append(producer, topic, args.partitions, args.range)
+            if not args.backlog:
+                append(producer, topic, args.partitions, args.range)
             ranges = [RangeTask(topic, p, k * args.range, (k + 1) * args.range,
                                 PartitionState(), True, None, NO_PARTITIONS)
                       for p in range(args.partitions)]
@@ -110,7 +117,8 @@ def main() -> None:
             pool.close_all()
         if broker is not None:
             broker.stop()
-    print(f"\n{args.partitions} partitions, {args.range} records a partition a task, "
+    print(f"\n{args.partitions} partitions, {args.range} records a partition a task"
+          f"{' (a backlog)' if args.backlog else ''}, "
           f"tasks after each worker's first {SKIPPED}:")
     for label, changed in (("same worker", False), ("other worker", True)):
         walls = [wall for _, c, wall, _ in found if c == changed]
