@@ -570,6 +570,18 @@ static void lead_back(kw_reader *r, kw_slot *p) {
     }
 }
 
+/* Lead a partition's fetch queue away from the reader's before it is paused, so the pause's
+ * barrier stays with it (drain_own takes it when it is led back); 0 when librdkafka does not
+ * know the partition any more. The reader's queue sorts each barrier ahead of its messages. */
+static int lead_away(kw_reader *r, kw_slot *p, int t, int32_t partition) {
+    if (!p->own)
+        p->own = rk.queue_get_partition(r->rk, r->topic_names[t], partition);
+    if (!p->own)
+        return 0;
+    rk.queue_forward(p->own, NULL);
+    return 1;
+}
+
 static int start_partition(kw_reader *r, kw_lane *l, char *err, size_t errlen) {
     kw_slot *p = park_of(r, l->topic, l->partition);
     p->from = l->position;
@@ -1030,11 +1042,8 @@ static void wake(kw_reader *r, kw_lane *l, kw_slot *p) {
  * past the limit is carried too (librdkafka counts it consumed). Paused together at the end
  * of the poll (hold_flush). */
 static void hold(kw_reader *r, kw_slot *p, int t, int32_t partition) {
-    if (!p->own)
-        p->own = rk.queue_get_partition(r->rk, r->topic_names[t], partition);
-    if (!p->own)
+    if (!lead_away(r, p, t, partition))
         return;   /* not known any more: it goes on, and drops what passes its limit */
-    rk.queue_forward(p->own, NULL);   /* its pause's barrier stays with it (drain_own) */
     if (!r->holding)
         r->holding = rk.tpl_new(64);
     rk.tpl_add(r->holding, r->topic_names[t], partition);
@@ -1062,11 +1071,8 @@ static void pause_done(kw_reader *r, int lane) {
     kw_slot *p = park_of(r, l->topic, l->partition);
     if (!r->started || l->stopped || p->asleep || p->state != KW_READING)
         return;
-    if (!p->own)
-        p->own = rk.queue_get_partition(r->rk, r->topic_names[l->topic], l->partition);
-    if (!p->own)
+    if (!lead_away(r, p, l->topic, l->partition))
         return;   /* not known any more: kw_park stops it */
-    rk.queue_forward(p->own, NULL);
     pause_one(r, l, 1);
     p->asleep = 1;
 }
@@ -1416,15 +1422,13 @@ int kw_park(kw_reader *r) {
             p->asleep = 0;
             continue;
         }
-        if (!p->own)
-            p->own = rk.queue_get_partition(r->rk, r->topic_names[l->topic], l->partition);
-        if (!p->own) {   /* not known any more: stopped, started again if read again */
+        if (!lead_away(r, p, l->topic, l->partition)) {
+            /* not known any more: stopped, started again if read again */
             rk.consume_stop(r->topics[l->topic], l->partition);
             park_drop(p);
             p->state = KW_IDLE;
             continue;
         }
-        rk.queue_forward(p->own, NULL);   /* its pause's barrier stays with it (drain_own) */
         rk.tpl_add(list, r->topic_names[l->topic], l->partition);
     }
     int e = list->cnt ? rk.pause_partitions(r->rk, list) : 0;
