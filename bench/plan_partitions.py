@@ -1,6 +1,7 @@
 """The driver's planning per micro-batch at many partitions, without a broker (issue 36).
 
     .venv/bin/python bench/plan_partitions.py [--partitions 4,512,4096] [--batches 16]
+        [--topics 16]
 
 Each partition count runs a stream through the source's own driver calls, as Spark makes
 them: ``latestOffset(start, ReadMaxRows(--per-batch))`` then ``partitions(start, end)``,
@@ -11,7 +12,8 @@ what is timed is the driver's own Python work: folding the last batch's progress
 read limit, the per-partition state of the next offset and its JSON. The counts run in
 rotated order each round. Printed: the median wall and CPU ms of ``latestOffset`` and
 ``partitions`` over every batch after a run's first two, and each count's ratio to the
-first count.
+first count. ``--topics N`` spreads each count's partitions over N topics (``t00``, ``t01``,
+...), subscribed by pattern as a ``subscribePattern`` job would be.
 """
 
 from __future__ import annotations
@@ -38,12 +40,15 @@ from tests.unit.test_progress_model import FakeBroker
 SKIPPED = 2   # a run's first plannings warm caches
 
 
-def planning(partitions: int, batches: int, per_batch: int) -> dict:
-    topic = "events"
-    tps = [(topic, p) for p in range(partitions)]
+def planning(partitions: int, batches: int, per_batch: int, topics: int = 1) -> dict:
+    if topics == 1:
+        tps, subscription = [("events", p) for p in range(partitions)], {"subscribe": "events"}
+    else:
+        tps = [(f"t{t:02d}", p) for t in range(topics) for p in range(partitions // topics)]
+        subscription = {"subscribePattern": "t[0-9]+"}
     with tempfile.TemporaryDirectory(prefix="kw-plan-") as ledger:
         reader = source.KWatermarkDataSource({
-            "kafka.bootstrap.servers": "fake:9092", "subscribe": topic,
+            "kafka.bootstrap.servers": "fake:9092", **subscription,
             "startingOffsets": "earliest", "maxOffsetsPerTrigger": str(per_batch),
             "watermark.strategy": "bounded", "watermark.maxOutOfOrderness": "5 seconds",
             "watermark.stateLocation": ledger,
@@ -93,16 +98,19 @@ def main() -> int:
     parser.add_argument("--per-batch", type=int, default=8192, help="maxOffsetsPerTrigger")
     parser.add_argument("--batches", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--topics", type=int, default=1,
+                        help="spread each count's partitions over this many topics")
     args = parser.parse_args()
     counts = [int(n) for n in args.partitions.split(",")]
     samples: dict[int, dict[str, list[float]]] = {
         n: {"latestOffset": [], "cpu": [], "partitions": []} for n in counts}
     for round_ in range(args.rounds):
         for n in counts[round_ % len(counts):] + counts[:round_ % len(counts)]:
-            got = planning(n, args.batches, args.per_batch)
+            got = planning(n, args.batches, args.per_batch, args.topics)
             for key in samples[n]:
                 samples[n][key] += got[key]
-    print(f"driver planning per micro-batch of {args.per_batch:,} records, no broker "
+    print(f"driver planning per micro-batch of {args.per_batch:,} records, "
+          f"{args.topics} topic(s), no broker "
           f"(median of {args.rounds} x {args.batches - SKIPPED} batches, ms)")
     print(f"{'partitions':>10} {'latestOffset':>13} {'cpu':>7} {'partitions()':>13} "
           f"{'x first':>8}")
