@@ -65,16 +65,24 @@ BOUNDS_AFTER_S = 1.0
 MAX_PARTITIONS = 1 << 16   # leaders read per topic (a topic has at most some thousands)
 # librdkafka pays for each partition started, and again for each stopped, a pass over every
 # partition the consumer knows (bench/README.md, "What librdkafka does per partition at
-# 4,096"): ~20 µs a stop at 512, 45-60 µs at 4,096. A task of more than MANY_PARTITIONS
-# partitions stops none of them as its ranges end (if it still reads STOP_AFTER_S later, it
-# pauses its finished partitions, which would go on fetching past their ranges and take the
-# Fetch answers' room from the others; stopped, the next task had to start them again, and
-# at 4,096 partitions that took it past STOP_AFTER_S too) and, at its end, pauses the rest
-# where they stand with the records it polled past its ranges (kw_park; what librdkafka had
-# fetched and it had not polled is fetched again: the pause outdates it); the worker keeps
-# the consumer, its next task resumes each partition whose range begins where the last
-# ended (kw_start).
-MANY_PARTITIONS = 1024
+# 4,096"): ~20 µs a stop at 512, 45-60 µs at 4,096, and a stop waits for the partition's
+# broker thread (rd_kafka_consume_stop is synchronous), which, while it parses the other
+# partitions' Fetch answers, took 50-140 µs a stop in a 256-partition task catching up. A task
+# of more than MANY_PARTITIONS partitions stops none of them as its ranges end (if it still
+# reads STOP_AFTER_S later, it pauses its finished partitions, which would go on fetching past
+# their ranges and take the Fetch answers' room from the others; stopped, the next task had to
+# start them again, and at 4,096 partitions that took it past STOP_AFTER_S too) and, at its
+# end, pauses the rest where they stand with the records it polled past its ranges (kw_park;
+# what librdkafka had fetched and it had not polled is fetched again: the pause outdates it);
+# the worker keeps the consumer, its next task resumes each partition whose range begins where
+# the last ended (kw_start). Until 2026-12-07 this was 1,024: a 512-partition micro-batch is
+# two tasks of 256, which stopped and started every partition each batch; catching up (80
+# records a partition a task) such a task took 157 ms against 34 parked, and through Spark the
+# micro-batch 712-730 ms against 364-427, 4 partitions' 374-415 (bench/README.md, "Tasks of
+# hundreds of partitions park too"). Tasks of up to 64 partitions (a 64-partition topic's two)
+# still stop theirs: there stopping is cheap and the micro-batch was already within 1.1x of
+# 4 partitions'. (The Python engine keeps 1,024: kwatermark.pack.MANY_PARTITIONS.)
+MANY_PARTITIONS = 64
 # A task of more than MANY_PARTITIONS partitions asks librdkafka to keep at least this many
 # records a partition fetched ahead (its prefetch, kwatermark.consumer.prefetch, otherwise
 # all of a range's records where they are few): successive micro-batches, whose longest

@@ -109,3 +109,48 @@ def test_packed_tasks_give_the_rows_and_watermarks_of_one_task_per_range(
         assert len({r["spark_task"] for r in without}) == len(ranges)
         # Every range of the batch shares one task: far below the default minimum.
         assert len({r["spark_task"] for r in with_packing}) == 1
+
+
+MANY = 160   # partitions: every Spark task of a batch reads more than MANY_PARTITIONS
+MANY_PER_PARTITION = 12
+
+
+def test_tasks_of_many_partitions_that_park_read_every_record_once(
+        spark, broker, topic_factory, tmp_path):
+    """A backlog of a topic of 160 partitions, read in ranges of a few records a partition:
+    each task has more than ``compiled.MANY_PARTITIONS`` partitions, so it parks them at its
+    end (the records polled past its ranges kept, each partition paused where they end) and
+    the next task on the worker resumes them. Every record is read exactly once, with the
+    rows and watermarks of the Python engine, which stops its partitions at every task's
+    end."""
+    from kwatermark import compiled
+
+    if compiled.unavailable() is not None:
+        raise AssertionError(f"the compiled engine is not built: {compiled.unavailable()}")
+    writer = topic_factory(MANY)
+    writer.send(skewed_records(MANY, MANY_PER_PARTITION))
+
+    def read(engine: str) -> list[list[tuple]]:
+        frame = kwatermark_stream(spark, broker, writer.topic, readEngine=engine,
+                                  watermark__strategy="bounded",
+                                  watermark__maxOutOfOrderness="15 milliseconds",
+                                  watermark__stateLocation=str(tmp_path / f"ledger-{engine}"),
+                                  maxOffsetsPerTrigger=MANY * 3)
+        frame = frame.withColumn("spark_task", F.spark_partition_id())
+        batches, _ = run_available_now(frame, str(tmp_path / f"cp-{engine}"))
+        for batch in batches.batches():
+            per_task: dict[int, set] = {}
+            for r in batch:
+                per_task.setdefault(r["spark_task"], set()).add(r["partition"])
+            assert min(map(len, per_task.values())) > compiled.MANY_PARTITIONS, \
+                "a task of too few partitions to park"
+        return [[(r["partition"], r["offset"], r["value"], r["event_time"], r["watermark"])
+                 for r in batch] for batch in batches.batches()]
+
+    parked = read("compiled")
+    read_apart = [(p, o, v) for batch in parked for p, o, v, *_ in batch]
+    assert len(parked) >= 3
+    assert sorted(read_apart) == sorted(
+        (p, o, f"{p}-{o}".encode()) for p in range(MANY) for o in range(MANY_PER_PARTITION))
+    assert parked == read("python")
+    assert any(r[4] is not None for r in parked[-1])
