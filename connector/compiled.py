@@ -65,24 +65,30 @@ BOUNDS_AFTER_S = 1.0
 MAX_PARTITIONS = 1 << 16   # leaders read per topic (a topic has at most some thousands)
 # librdkafka pays for each partition started, and again for each stopped, a pass over every
 # partition the consumer knows (bench/README.md, "What librdkafka does per partition at
-# 4,096"): ~20 µs a stop at 512, 45-60 µs at 4,096, and a stop waits for the partition's
-# broker thread (rd_kafka_consume_stop is synchronous), which, while it parses the other
-# partitions' Fetch answers, took 50-140 µs a stop in a 256-partition task catching up. A task
-# of more than MANY_PARTITIONS partitions stops none of them as its ranges end (if it still
-# reads STOP_AFTER_S later, it pauses its finished partitions, which would go on fetching past
-# their ranges and take the Fetch answers' room from the others; stopped, the next task had to
-# start them again, and at 4,096 partitions that took it past STOP_AFTER_S too) and, at its
-# end, pauses the rest where they stand with the records it polled past its ranges (kw_park;
-# what librdkafka had fetched and it had not polled is fetched again: the pause outdates it);
-# the worker keeps the consumer, its next task resumes each partition whose range begins where
-# the last ended (kw_start). Until 2026-12-07 this was 1,024: a 512-partition micro-batch is
-# two tasks of 256, which stopped and started every partition each batch; catching up (80
-# records a partition a task) such a task took 157 ms against 34 parked, and through Spark the
-# micro-batch 712-730 ms against 364-427, 4 partitions' 374-415 (bench/README.md, "Tasks of
-# hundreds of partitions park too"). Tasks of up to 64 partitions (a 64-partition topic's two)
-# still stop theirs: there stopping is cheap and the micro-batch was already within 1.1x of
-# 4 partitions'. (The Python engine keeps 1,024: kwatermark.pack.MANY_PARTITIONS.)
-MANY_PARTITIONS = 64
+# 4,096"): ~20 µs a stop at 512, 45-60 µs at 4,096. A task of more than MANY_PARTITIONS
+# partitions stops none of them as its ranges end (if it still reads STOP_AFTER_S later, it
+# pauses its finished partitions, which would go on fetching past their ranges and take the
+# Fetch answers' room from the others; stopped, the next task had to start them again, and
+# at 4,096 partitions that took it past STOP_AFTER_S too) and, at its end, pauses the rest
+# where they stand with the records it polled past its ranges (kw_park; what librdkafka had
+# fetched and it had not polled is fetched again: the pause outdates it); the worker keeps
+# the consumer, its next task resumes each partition whose range begins where the last
+# ended (kw_start).
+MANY_PARTITIONS = 1024
+# So does a task of more than PARK_PARTITIONS partitions whose ranges are all of at most
+# PARK_RANGE records (parks()). A stop waits for the partition's broker thread
+# (rd_kafka_consume_stop is synchronous), which parses the other partitions' Fetch answers
+# meanwhile: a 256-partition task catching up 80 records a partition (a 512-partition
+# topic's micro-batch is two such tasks) spent 13-36 ms stopping its partitions one by one,
+# and the next task started them all again; it took 157 ms against 34 parked, and through
+# Spark the micro-batch 712-730 ms against 364-427, 4 partitions' 374-415 (bench/README.md,
+# "Tasks of hundreds of partitions park too"). A parked partition may carry twice its range
+# (KW_CARRY_MIN in csrc/fastread.c), held in memory between tasks: over long ranges, which
+# make a stop's cost small beside the reading, that would be up to twice the task's records,
+# so they stop as before. Tasks of up to 64 partitions (a 64-partition topic's two) stop
+# theirs too: the micro-batch was already within 1.1x of 4 partitions'.
+PARK_PARTITIONS = 64
+PARK_RANGE = 1024
 # A task of more than MANY_PARTITIONS partitions asks librdkafka to keep at least this many
 # records a partition fetched ahead (its prefetch, kwatermark.consumer.prefetch, otherwise
 # all of a range's records where they are few): successive micro-batches, whose longest
@@ -105,6 +111,15 @@ LEARN_TOPIC_S = 1.0
 # steady stream. (A task's own lookups after a failure, list_topics, refresh them too.)
 LEADERS_FRESH_S = 10.0
 STOP_AFTER_S = 1.0
+
+
+def parks(partitions: int, longest: int) -> bool:
+    """Whether a task of ``partitions`` partitions, the longest of whose ranges has
+    ``longest`` records, parks its partitions at its end rather than stopping them
+    (``MANY_PARTITIONS``, ``PARK_PARTITIONS``)."""
+    return partitions > MANY_PARTITIONS or (partitions > PARK_PARTITIONS
+                                            and longest <= PARK_RANGE)
+
 
 try:
     from kwatermark._fastread import ffi, lib
@@ -473,8 +488,8 @@ class CompiledReader:
             tp = (tasks.topic[row], tasks.partition[row])
             planned[tp] = planned.get(tp, 0) + tasks.end[row] - tasks.start[row]
         if planned:
-            many = len(planned) > MANY_PARTITIONS
             longest = max(planned.values())
+            many = parks(len(planned), longest)
             conf = task_conf(self.options, max(longest, MANY_PREFETCH) if many else longest,
                              len(planned))
             conf.pop("logger", None)   # the extension logs to the same logger itself

@@ -32,11 +32,6 @@ from kwatermark.records import RecordBlock
 from kwatermark.retries import transient
 from kwatermark.security import refusal_hint
 
-# A Python-engine task of more than this many partitions learns its topics before it asks
-# their offsets and closes its consumer on a thread (PackReader.__iter__; the compiled
-# engine parks from kwatermark.compiled.MANY_PARTITIONS).
-MANY_PARTITIONS = 1024
-
 
 class _Pending:
     """One range of a pack while it is being read: its reader and the messages not yet
@@ -127,7 +122,7 @@ class PackReader:
             # A consumer of thousands of partitions learns its topics before it asks their
             # offsets, as the compiled engine's does, and is destroyed aside
             # (kwatermark.consumer.close_aside).
-            many = len(planned) > MANY_PARTITIONS
+            many = len(planned) > compiled.MANY_PARTITIONS
             try:
                 if many:
                     learn_topics(lambda topic: consumer.list_topics(topic, compiled.LEARN_TOPIC_S),

@@ -111,15 +111,15 @@ def test_packed_tasks_give_the_rows_and_watermarks_of_one_task_per_range(
         assert len({r["spark_task"] for r in with_packing}) == 1
 
 
-MANY = 160   # partitions: every Spark task of a batch reads more than MANY_PARTITIONS
+MANY = 160   # partitions: every Spark task of a batch reads more than PARK_PARTITIONS
 MANY_PER_PARTITION = 12
 
 
 def test_tasks_of_many_partitions_that_park_read_every_record_once(
         spark, broker, topic_factory, tmp_path):
     """A backlog of a topic of 160 partitions, read in ranges of a few records a partition:
-    each task has more than ``compiled.MANY_PARTITIONS`` partitions, so it parks them at its
-    end (the records polled past its ranges kept, each partition paused where they end) and
+    each task has more than ``compiled.PARK_PARTITIONS`` partitions and short ranges, so it
+    parks them at its end (the records polled past its ranges kept, each partition paused where they end) and
     the next task on the worker resumes them. Every record is read exactly once, with the
     rows and watermarks of the Python engine, which stops its partitions at every task's
     end."""
@@ -142,7 +142,7 @@ def test_tasks_of_many_partitions_that_park_read_every_record_once(
             per_task: dict[int, set] = {}
             for r in batch:
                 per_task.setdefault(r["spark_task"], set()).add(r["partition"])
-            assert min(map(len, per_task.values())) > compiled.MANY_PARTITIONS, \
+            assert min(map(len, per_task.values())) > compiled.PARK_PARTITIONS, \
                 "a task of too few partitions to park"
         return [[(r["partition"], r["offset"], r["value"], r["event_time"], r["watermark"])
                  for r in batch] for batch in batches.batches()]

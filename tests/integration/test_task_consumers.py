@@ -389,13 +389,13 @@ class _Recorded:
 
 def test_a_python_task_of_many_partitions_learns_its_topics_and_closes_aside(broker,
                                                                              monkeypatch):
-    """The Python engine's task of more than pack.MANY_PARTITIONS partitions (thousands,
-    in use; 4 here) asks its topic's metadata before its partitions' offsets (a consumer that
+    """The Python engine's task of more than MANY_PARTITIONS partitions (thousands, in
+    use; 4 here) asks its topic's metadata before its partitions' offsets (a consumer that
     learns a 4,096-partition topic from its first offsets request waited up to 0.77 s), and
     its consumer is closed on a thread of its own after the task's last row, not by the
     task (~170 ms at 2,048 partitions); a task of fewer closes its own. Both read exactly
     their ranges."""
-    monkeypatch.setattr(pack_module, "MANY_PARTITIONS", 4)
+    monkeypatch.setattr(compiled, "MANY_PARTITIONS", 4)
     topic, options = _six_partitions(broker, 50, "python")
     opened = pack_module.open_consumer
     for partitions in (6, 3):

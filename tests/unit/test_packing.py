@@ -363,3 +363,16 @@ def test_offsets_are_asked_256_partitions_per_call_in_order_within_one_timeout()
     assert [(tp.partition, tp.offset) for tp in answer] == [(p, p * 10) for p in range(1_100)]
     assert [n for n, _ in calls] == [256, 256, 256, 256, 76]
     assert all(0 < timeout <= 5.0 for _, timeout in calls)
+
+
+def test_a_task_of_hundreds_of_partitions_parks_them_only_over_short_ranges():
+    """The compiled engine parks a task's partitions at its end (keeping what it polled
+    past its ranges, up to twice each range) rather than stopping them: always above 1,024
+    partitions; above 64 when no partition's ranges add up to more than 1,024 records, so
+    that what a consumer holds between tasks stays small."""
+    from kwatermark.compiled import parks
+
+    assert not parks(64, 80)          # a 64-partition topic's two tasks stop theirs
+    assert parks(65, 80) and parks(256, 1024)
+    assert not parks(256, 1025)       # long ranges: stopping costs little beside them
+    assert parks(1025, 100_000) and parks(2048, 10)
