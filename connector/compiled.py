@@ -80,17 +80,17 @@ MANY_PARTITIONS = 1024
 # (rd_kafka_consume_stop is synchronous), which parses the other partitions' Fetch answers
 # meanwhile: a 256-partition task catching up 80 records a partition (a 512-partition
 # topic's micro-batch is two such tasks) spent 13-36 ms stopping its partitions one by one,
-# and the next task started them all again; it took 157 ms against 34 parked, and through
-# Spark the micro-batch 712-730 ms against 364-427, 4 partitions' 374-415 (bench/README.md,
-# "Tasks of hundreds of partitions park too"). A parked partition may carry twice its range
-# (KW_CARRY_MIN in csrc/fastread.c), held in memory between tasks: over long ranges, which
-# make a stop's cost small beside the reading, that would be up to twice the task's records,
-# so they stop as before. Tasks of up to 64 partitions (a 64-partition topic's two) stop
+# and the next task started them all again; it took 126-168 ms against 34-46 parked, and
+# through Spark the micro-batch 712-730 ms against 364-427, 4 partitions' 374-415
+# (bench/README.md, "Tasks of hundreds of partitions park too"). A parked partition may
+# carry twice its range (KW_CARRY_MIN in csrc/fastread.c), held in memory between tasks:
+# over long ranges, which make a stop's cost small beside the reading, that would be up to
+# twice the task's records, so they stop as before. Tasks of up to 64 partitions (a 64-partition topic's two) stop
 # theirs too: the micro-batch was already within 1.1x of 4 partitions'.
 PARK_PARTITIONS = 64
 PARK_RANGE = 1024
-# A task of more than MANY_PARTITIONS partitions asks librdkafka to keep at least this many
-# records a partition fetched ahead (its prefetch, kwatermark.consumer.prefetch, otherwise
+# A task that parks (parks()) asks librdkafka to keep at least this many records a
+# partition fetched ahead (its prefetch, kwatermark.consumer.prefetch, otherwise
 # all of a range's records where they are few): successive micro-batches, whose longest
 # range differs by a record or two, then share one configuration, so one kept consumer, and
 # resume its parked partitions. With the prefetch following the longest range (2, 3 or 4
