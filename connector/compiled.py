@@ -85,8 +85,9 @@ MANY_PARTITIONS = 1024
 # (bench/README.md, "Tasks of hundreds of partitions park too"). A parked partition may
 # carry twice its range (KW_CARRY_MIN in csrc/fastread.c), held in memory between tasks:
 # over long ranges, which make a stop's cost small beside the reading, that would be up to
-# twice the task's records, so they stop as before. Tasks of up to 64 partitions (a 64-partition topic's two) stop
-# theirs too: the micro-batch was already within 1.1x of 4 partitions'.
+# twice the task's records, so they stop as before. Tasks of up to 64 partitions (a
+# 64-partition topic's two) stop theirs too: the micro-batch was already within 1.1x of 4
+# partitions'.
 PARK_PARTITIONS = 64
 PARK_RANGE = 1024
 # A task that parks (parks()) asks librdkafka to keep at least this many records a
@@ -98,7 +99,7 @@ PARK_RANGE = 1024
 # four consumers whose partitions each stood batches behind, and none resumed. The same as
 # the extension's KW_CARRY_MIN: what a partition keeps past its range.
 MANY_PREFETCH = 64
-# The longest a new consumer of more than MANY_PARTITIONS partitions waits for its
+# The longest a new consumer of a task that parks (parks()) waits for its
 # topics' metadata before it starts reading (_Client.learn_topics; ~45 ms at 4,096
 # partitions, librdkafka taking in every partition); a slower answer is not waited for.
 LEARN_TOPIC_S = 1.0
@@ -314,7 +315,7 @@ class _Client:
 
     def learn_topics(self, topics: Iterable[str]) -> None:
         """Learn ``topics`` before any of their partitions starts (``consumer.learn_topics``),
-        one request a topic, by tasks of more than ``MANY_PARTITIONS`` partitions: once per
+        one request a topic, by tasks that park (``parks``): once per
         consumer, and again once what it learned is ``LEADERS_FRESH_S`` old. The answer also
         gives the extension each partition's leader (``kw_start`` wakes each leader's
         fetching once)."""
@@ -368,8 +369,8 @@ class _Clients:
     A consumer is shared only by tasks with the same librdkafka configuration (the same
     ``kafka.*`` options, prefetch and fetch size) and used by one task at a time: ``take``
     removes it, ``give_back`` returns it reset (``kw_reset``: every partition stopped,
-    nothing the last task fetched left to read) or, after a task of more than
-    ``MANY_PARTITIONS`` partitions, parked (``kw_park``: every partition paused, what was
+    nothing the last task fetched left to read) or, after a task that parks (``parks``),
+    parked (``kw_park``: every partition paused, what was
     polled past the task's ranges kept for the next). A task that fails, or that Spark
     stops early, closes its consumer instead. At most ``CAPACITY`` are kept; a
     thread closes one unused for ``IDLE_S`` (its connections otherwise stay open, and it
