@@ -119,10 +119,10 @@ def test_tasks_of_many_partitions_that_park_read_every_record_once(
         spark, broker, topic_factory, tmp_path):
     """A backlog of a topic of 160 partitions, read in ranges of a few records a partition:
     each task has more than ``compiled.PARK_PARTITIONS`` partitions and short ranges, so it
-    parks them at its end (the records polled past its ranges kept, each partition paused where they end) and
-    the next task on the worker resumes them. Every record is read exactly once, with the
-    rows and watermarks of the Python engine, which stops its partitions at every task's
-    end."""
+    parks them at its end (the records polled past its ranges kept, each partition paused
+    where they end) and the next task on the worker resumes them. Every record is read
+    exactly once, with the rows and watermarks of the Python engine, which stops its
+    partitions at every task's end."""
     from kwatermark import compiled
 
     if compiled.unavailable() is not None:
