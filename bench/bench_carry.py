@@ -3,8 +3,9 @@ micro-batches give them: what a parked partition keeps past its range serves the
 (issue 36).
 
 A task of more than 1,024 partitions (or of more than 64 over short ranges:
-``compiled.parks``) parks them at its end, keeping the records it polled past its ranges, at most twice its
-range a partition (at least 64: ``KW_CARRY_MIN`` in ``csrc/fastread.c``). A partition whose kept records hold its next range reads them and
+``compiled.parks``) parks them at its end, keeping the records it polled past its ranges,
+at most twice its range a partition (at least 64: ``KW_CARRY_MIN`` in
+``csrc/fastread.c``). A partition whose kept records hold its next range reads them and
 stays paused through that task; one whose log runs further past its range than it may keep
 (a stream catching up) keeps the first records, not none. Two regimes: ``steady``, each
 log ``--steady`` records long (within what a partition keeps), and ``catching up``, each

@@ -99,8 +99,8 @@ PARK_RANGE = 1024
 # four consumers whose partitions each stood batches behind, and none resumed. The same as
 # the extension's KW_CARRY_MIN: what a partition keeps past its range.
 MANY_PREFETCH = 64
-# The longest a new consumer of a task that parks (parks()) waits for its
-# topics' metadata before it starts reading (_Client.learn_topics; ~45 ms at 4,096
+# The longest a new consumer of a task that parks (parks()) waits for its topics'
+# metadata before it starts reading (_Client.learn_topics; ~45 ms at 4,096
 # partitions, librdkafka taking in every partition); a slower answer is not waited for.
 LEARN_TOPIC_S = 1.0
 # A parked consumer's partition leaders (which kw_start wakes, one seek a leader) are asked
@@ -117,7 +117,7 @@ STOP_AFTER_S = 1.0
 def parks(partitions: int, longest: int) -> bool:
     """Whether a task of ``partitions`` partitions, the longest of whose ranges has
     ``longest`` records, parks its partitions at its end rather than stopping them
-    (``MANY_PARTITIONS``, ``PARK_PARTITIONS``)."""
+    (``MANY_PARTITIONS``; ``PARK_PARTITIONS`` with ``PARK_RANGE``)."""
     return partitions > MANY_PARTITIONS or (partitions > PARK_PARTITIONS
                                             and longest <= PARK_RANGE)
 
@@ -315,8 +315,8 @@ class _Client:
 
     def learn_topics(self, topics: Iterable[str]) -> None:
         """Learn ``topics`` before any of their partitions starts (``consumer.learn_topics``),
-        one request a topic, by tasks that park (``parks``): once per
-        consumer, and again once what it learned is ``LEADERS_FRESH_S`` old. The answer also
+        one request a topic, by tasks that park (``parks``): once per consumer, and again
+        once what it learned is ``LEADERS_FRESH_S`` old. The answer also
         gives the extension each partition's leader (``kw_start`` wakes each leader's
         fetching once)."""
         now = time.monotonic()
@@ -370,8 +370,8 @@ class _Clients:
     ``kafka.*`` options, prefetch and fetch size) and used by one task at a time: ``take``
     removes it, ``give_back`` returns it reset (``kw_reset``: every partition stopped,
     nothing the last task fetched left to read) or, after a task that parks (``parks``),
-    parked (``kw_park``: every partition paused, what was
-    polled past the task's ranges kept for the next). A task that fails, or that Spark
+    parked (``kw_park``: every partition paused, what was polled past the task's ranges
+    kept for the next). A task that fails, or that Spark
     stops early, closes its consumer instead. At most ``CAPACITY`` are kept; a
     thread closes one unused for ``IDLE_S`` (its connections otherwise stay open, and it
     reports a broker gone in the meantime as errors, in a worker no task uses), and so does
