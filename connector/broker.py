@@ -458,10 +458,11 @@ class KafkaMetadata:
                     return
                 checked = time.monotonic()
 
-    def ask_ahead(self, tps: list[TopicPartition]) -> Ahead | None:
+    def ask_ahead(self, tps: list[TopicPartition], ends: bool = True) -> Ahead | None:
         """Start asking what the next planning asks the brokers first, each on a thread of
-        its own: every topic's partition count (``topics``) and the end offsets of ``tps``,
-        the partitions already read (``latest_offsets``). The planner asks before folding
+        its own: every topic's partition count (``topics``) and, with ``ends``, the end
+        offsets of ``tps``, the partitions already read (``latest_offsets``; without, the
+        answer is None: asked there if needed). The planner asks before folding
         the last batch, so the answers (~17 and ~30 ms at 4,096 partitions inside Spark's
         planning process, in librdkafka, without the GIL; the end offsets four ListOffsets
         calls at a time, kw_offsets) come while Python folds. One short attempt each (the metadata
@@ -473,8 +474,12 @@ class KafkaMetadata:
         if not self._quick_ready(tps):
             return None
         first_attempt = min(self.timeout_s, FIRST_ATTEMPT_S)   # as _retrying's first
-        return Ahead(_in_background(lambda: self._counts_ahead(first_attempt)),
-                     _in_background(lambda: self._quick(tps, OFFSET_END)))
+        if ends:
+            asked_ends = _in_background(lambda: self._quick(tps, OFFSET_END))
+        else:
+            asked_ends = concurrent.futures.Future()
+            asked_ends.set_result(None)
+        return Ahead(_in_background(lambda: self._counts_ahead(first_attempt)), asked_ends)
 
     def _counts_ahead(self, timeout: float) -> dict[str, int]:
         """``_topic_counts`` for ``ask_ahead``, through the compiled engine's client where it

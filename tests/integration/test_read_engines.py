@@ -332,6 +332,12 @@ def test_the_drivers_offsets_lookups_answer_every_partition_on_both_engines(
     assert ahead.taken(ahead.topics) == {topic: 40}
     assert ahead.taken(ahead.ends) == truth
     assert isinstance(metadata._consumer, compiled._Client) == (engine == "compiled")
+    # An AvailableNow run's later plannings ask the topics ahead, not the end offsets: the
+    # end offsets' answer is None, and latest_offsets asks them itself if it is called.
+    topics_only = metadata.ask_ahead(tps, ends=False)
+    assert topics_only.taken(topics_only.topics) == {topic: 40}
+    assert topics_only.taken(topics_only.ends) is None
+    assert metadata.latest_offsets(tps, topics_only) == truth
     assert metadata.latest_offsets(tps) == truth
     assert metadata.earliest_offsets(tps) == dict.fromkeys(tps, 0)
     assert metadata._quick_after == 0.0, "a lookup fell back to the admin client"

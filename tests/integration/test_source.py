@@ -167,6 +167,44 @@ def test_max_offsets_per_trigger_bounds_every_micro_batch_under_available_now(
     assert keyset(batches.rows) == sorted(set(keyset(batches.rows)))  # no duplicates
 
 
+def test_an_available_now_run_reads_what_was_there_when_it_started(
+        spark, broker, topic_factory, checkpoint):
+    """Records produced and a partition created during the run wait for the next run, as in
+    Spark's source (its allDataForTriggerAvailableNow), which then reads each once."""
+    from kwatermark.sparkapi import ADMISSION_CONTROL
+
+    if not ADMISSION_CONTROL:
+        pytest.skip("pyspark < 4.2 runs AvailableNow on a Python source as one batch "
+                    "(test_spark_versions.py covers it)")
+    from confluent_kafka.admin import NewPartitions
+
+    writer = topic_factory(2)
+    writer.send([Record(p, 1_000 + i) for p in range(2) for i in range(12)])
+    added = [Record(0, 5_000), Record(1, 5_000), Record(1, 5_001)]
+    if broker.supports_create_partitions:
+        added.append(Record(2, 6_000))
+
+    class During(Batches):
+        def collect(self, frame, batch_id: int) -> None:
+            super().collect(frame, batch_id)
+            if batch_id == 0:
+                if broker.supports_create_partitions:
+                    admin = broker.admin()   # kept until its answer: its handle answers
+                    for future in admin.create_partitions(
+                            [NewPartitions(writer.topic, 3)]).values():
+                        future.result(30)
+                writer.send(added)
+
+    frame = kwatermark_stream(spark, broker, writer.topic, maxOffsetsPerTrigger=5)
+    first, _ = run_available_now(frame, checkpoint, During())
+    assert len(first.batches()) >= 5   # 24 records, 5 a batch: planned after the additions
+    assert sorted((r["partition"], r["offset"]) for r in first.rows) == sorted(
+        (p, o) for p in range(2) for o in range(12))
+    second, _ = run_available_now(frame, checkpoint)
+    assert sorted((r["partition"], r["offset"]) for r in second.rows) == sorted(
+        [(0, 12), (1, 12), (1, 13)] + ([(2, 0)] if broker.supports_create_partitions else []))
+
+
 def test_trigger_once_reads_everything_despite_max_offsets_per_trigger(
         spark, broker, topic_factory, checkpoint):
     writer = topic_factory(2)

@@ -56,7 +56,7 @@ class FakeBroker:
     def coverage(self, subscription, ahead=None) -> tuple[list[TopicPartition], list[str]]:
         return self.assigned_partitions(subscription), []
 
-    def ask_ahead(self, tps) -> Ahead | None:
+    def ask_ahead(self, tps, ends=True) -> Ahead | None:
         if not self.answers_late:
             return None   # nothing asked ahead: latest_offsets answers
         return Ahead(Future(), Future())   # never answered: latest_offsets answers
