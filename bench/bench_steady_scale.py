@@ -12,6 +12,8 @@ planning (``latestOffset``) of the same batches, and the median of each phase Sp
 (``durationMs``: ``addBatch`` the tasks, ``walCommit`` the offsets log, ...) at both counts;
 results go to ``bench/results/steady-scale.json``.
 
+``--trigger "1 second"`` runs each on that processing-time trigger instead of AvailableNow
+(stopped after ``--batches`` full batches): the same backlog, read a batch a second.
 ``--brokers N`` starts N Apache Kafka nodes on loopback instead of one (the partitions'
 leaders spread over them, as on a production cluster).
 
@@ -57,20 +59,28 @@ def append(bootstrap: str, topic: str, partitions: int, records: int) -> None:
     producer.flush()
 
 
-def run(spark: SparkSession, bootstrap: str, topic: str, per_batch: int, work: str
-        ) -> list[dict[str, int]]:
-    """One AvailableNow run from the earliest offset: each full batch's ``durationMs``
+def run(spark: SparkSession, bootstrap: str, topic: str, per_batch: int, work: str,
+        trigger: str = "availableNow", batches: int = 0) -> list[dict[str, int]]:
+    """One run from the earliest offset, AvailableNow or on a processing-time ``trigger``
+    (stopped once it has read ``batches`` full batches): each full batch's ``durationMs``
     (``triggerExecution``, ``latestOffset``: the driver's planning, ``addBatch``: the
     tasks, ``walCommit``, ``commitOffsets``...)."""
     name = uuid.uuid4().hex
-    query = (spark.readStream.format("kwatermark")
-             .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
-             .option("startingOffsets", "earliest")
-             .option("maxOffsetsPerTrigger", str(per_batch))
-             .option("watermark.stateLocation", f"{work}/state-{name}").load()
-             .writeStream.format("noop").option("checkpointLocation", f"{work}/cp-{name}")
-             .trigger(availableNow=True).start())
-    query.awaitTermination()
+    writer = (spark.readStream.format("kwatermark")
+              .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+              .option("startingOffsets", "earliest")
+              .option("maxOffsetsPerTrigger", str(per_batch))
+              .option("watermark.stateLocation", f"{work}/state-{name}").load()
+              .writeStream.format("noop").option("checkpointLocation", f"{work}/cp-{name}"))
+    if trigger == "availableNow":
+        query = writer.trigger(availableNow=True).start()
+        query.awaitTermination()
+    else:
+        query = writer.trigger(processingTime=trigger).start()
+        while query.isActive and sum(p.numInputRows == per_batch
+                                     for p in query.recentProgress) < batches:
+            time.sleep(0.2)
+        query.stop()
     return [dict(p.durationMs) for p in query.recentProgress if p.numInputRows == per_batch]
 
 
@@ -82,6 +92,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="runs of each count, x2")
     parser.add_argument("--brokers", type=int, default=1,
                         help="Apache Kafka nodes (the partitions' leaders spread over them)")
+    parser.add_argument("--trigger", default="availableNow",
+                        help="availableNow, or a processing-time interval ('1 second')")
     parser.add_argument("--results", default=RESULTS)
     args = parser.parse_args()
     low, high = (int(p) for p in args.partitions.split(","))
@@ -102,7 +114,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as work:
             for count in [low, high, high, low] * args.rounds:
                 durations = run(spark, broker.bootstrap_servers, f"steady-{count}",
-                                args.per_batch, work)
+                                args.per_batch, work, args.trigger, args.batches)
                 warm[count] += durations[SKIPPED:]
                 batches = [d["triggerExecution"] for d in durations]
                 plans = [d.get("latestOffset", 0) for d in durations]
@@ -128,7 +140,8 @@ def main() -> None:
         os.makedirs(os.path.dirname(args.results), exist_ok=True)
         with open(args.results, "w") as out:
             json.dump({"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "brokers": args.brokers, "per_batch": args.per_batch, "batches": args.batches, "runs": runs,
+                       "brokers": args.brokers, "trigger": args.trigger,
+                       "per_batch": args.per_batch, "batches": args.batches, "runs": runs,
                        "median_ms": {str(k): v for k, v in medians.items()},
                        "planning_median_ms": {str(k): v for k, v in plan_medians.items()},
                        "phase_median_ms": {str(k): v for k, v in phase_medians.items()},
