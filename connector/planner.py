@@ -743,11 +743,11 @@ class BatchPlanner:
         return state.updated(idle=decision)
 
     def _loss(self, tp: TopicPartition, detail: str) -> None:
-        message = (f"topic {tp[0]}, partition {tp[1]}: {detail}. Set failOnDataLoss=false to "
-                   f"continue with a warning.")
+        message = f"topic {tp[0]}, partition {tp[1]}: {detail}"
         if self.options.fail_on_data_loss:
-            raise DataLossError(message)
-        log.warning("data loss (failOnDataLoss=false): %s", message)
+            raise DataLossError(f"{message}. Set failOnDataLoss=false to continue with a "
+                                f"warning.")
+        log.warning("data loss (failOnDataLoss=false): %s; the query continues", message)
 
     def partition_watermark(self, state: PartitionState) -> int:
         mark = self._mark_of_snapshot()(state.generator)

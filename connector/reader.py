@@ -126,11 +126,13 @@ class RangeReader:
         return start, end
 
     def _data_loss(self, detail: str) -> None:
-        message = (f"topic {self.task.topic}, partition {self.task.partition}: {detail}. "
-                   f"Set failOnDataLoss=false to skip lost records with a warning.")
+        message = f"topic {self.task.topic}, partition {self.task.partition}: {detail}"
         if self.options.fail_on_data_loss:
-            raise DataLossError(message)
-        log.warning("data loss (failOnDataLoss=false): %s", message)
+            raise DataLossError(f"{message}. Set failOnDataLoss=false to skip lost records "
+                                f"with a warning.")
+        # The warning names the option as set, not the advice to set it.
+        log.warning("data loss (failOnDataLoss=false): %s; the lost records are skipped",
+                    message)
 
     def _blocks(self, consumer: Consumer, start: int, end: int) -> Iterator[RecordBlock]:
         task = self.task

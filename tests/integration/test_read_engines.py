@@ -7,6 +7,7 @@ The ground truth for offsets and values is what the producer wrote, not either e
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import re
 import shutil
@@ -217,7 +218,8 @@ def test_a_pack_of_many_ranges_reads_every_range_on_both_engines(broker):
 
 @pytest.mark.parametrize("engine", ["python"] + (
     ["compiled"] if compiled.unavailable() is None else []))
-def test_records_gone_before_a_task_reads_them_are_data_loss_on_both_engines(broker, engine):
+def test_records_gone_before_a_task_reads_them_are_data_loss_on_both_engines(broker, engine,
+                                                                           caplog):
     """Records planned and then deleted before the task reads them (retention, here
     ``delete_records``), and a range that ends past its partition's end (a topic recreated
     with fewer records): with ``failOnDataLoss=true`` the task fails naming the topic, the
@@ -250,7 +252,15 @@ def test_records_gone_before_a_task_reads_them_are_data_loss_on_both_engines(bro
                                             rf"were planned but the partition now ends at 20"):
         list(pack(True, (1, 5, 25)))
     spans = [(0, 0, 5), (0, 5, 12), (0, 12, 15), (1, 5, 25)]
-    table = pa.Table.from_batches(list(pack(False, *spans)), schema=OutputLayout().schema())
+    with caplog.at_level(logging.WARNING, logger="kwatermark"):
+        table = pa.Table.from_batches(list(pack(False, *spans)),
+                                      schema=OutputLayout().schema())
+    # failOnDataLoss=false: a warning naming what was skipped, not the advice to set it
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("data loss")]
+    assert f"data loss (failOnDataLoss=false): topic {topic}, partition 1: offsets [20, 25) " \
+           f"were planned but the partition now ends at 20 (topic recreated or truncated); " \
+           f"the lost records are skipped" in warned, warned
+    assert not any("Set failOnDataLoss" in w for w in warned), warned
     got = sorted(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(),
                      table.column("value").to_pylist()))
     kept = {0: range(8, 15), 1: range(5, 20)}   # what delete_records and the log's end left

@@ -6,6 +6,8 @@ the run is still data loss at the next planning. Only the broker's answers are f
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from kwatermark.arrow import OutputLayout
@@ -45,9 +47,10 @@ class EndsGone(FakeBroker):
         return super().earliest_offsets(tps)
 
 
-def available_now_run(ledger: str) -> tuple[BatchPlanner, EndsGone, BatchOffset]:
+def available_now_run(ledger: str, **extra: str) -> tuple[BatchPlanner, EndsGone, BatchOffset]:
     options = parse_options({"kafka.bootstrap.servers": "fake:9092", "subscribe": TOPIC,
-                             "startingOffsets": "earliest", "watermark.stateLocation": ledger})
+                             "startingOffsets": "earliest", "watermark.stateLocation": ledger,
+                             **extra})
     planner = BatchPlanner(options, OutputLayout(), Decoders())
     broker = EndsGone([(TOPIC, p) for p in range(len(LENGTHS))])
     broker.ends.update({(TOPIC, p): n for p, n in enumerate(LENGTHS)})
@@ -102,3 +105,19 @@ def test_a_partition_deleted_during_an_available_now_run_is_data_loss_at_once(tm
     with pytest.raises(DataLossError, match=f"topic {TOPIC}, partition 1: the partition is "
                                             f"gone"):
         plan_and_read(planner, offset, {})
+
+
+def test_with_fail_on_data_loss_false_the_run_warns_and_reads_the_rest(tmp_path, caplog):
+    planner, broker, offset = available_now_run(str(tmp_path), failOnDataLoss="false")
+    read: dict[int, list[int]] = {}
+    offset = plan_and_read(planner, offset, read)
+    broker.tps = [(TOPIC, 0)]
+    broker.asked_once = True
+    with caplog.at_level(logging.WARNING, logger="kwatermark"):
+        while offset is not None:
+            offset = plan_and_read(planner, offset, read)
+    warned = [r.getMessage() for r in caplog.records if "partition 1" in r.getMessage()]
+    assert warned == [(f"data loss (failOnDataLoss=false): topic {TOPIC}, partition 1: the "
+                       f"partition is gone (topic deleted or unsubscribed); the query "
+                       f"continues")]
+    assert sorted(read[0]) == list(range(LENGTHS[0]))   # the partition left: all of it
