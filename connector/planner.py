@@ -366,8 +366,11 @@ class BatchPlanner:
         if ahead is not None and not ahead.ends.done():
             self._while_asked(start, states, begins, limits)
         if fixed:
+            # Never below where a partition's next batch begins: a run's end that a leader
+            # not yet caught up gave below what was read is nothing to read, not data loss
+            # (the run's first planning judged the brokers' own answer, _monotone).
             target = self._target
-            latest = {tp: target.get(tp, begin) for tp, begin in begins.items()}
+            latest = {tp: max(target.get(tp, begin), begin) for tp, begin in begins.items()}
         else:
             latest = self._monotone(self.metadata.latest_offsets(list(begins), ahead),
                                     begins)

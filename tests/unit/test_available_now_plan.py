@@ -121,3 +121,34 @@ def test_with_fail_on_data_loss_false_the_run_warns_and_reads_the_rest(tmp_path,
                        f"partition is gone (topic deleted or unsubscribed); the query "
                        f"continues")]
     assert sorted(read[0]) == list(range(LENGTHS[0]))   # the partition left: all of it
+
+
+def test_a_run_end_a_stale_leader_gave_below_what_was_read_is_no_data_loss(tmp_path):
+    """A run restarted from its checkpoint whose end was asked of a leader not yet caught up
+    (DESIGN §20): partition 0's end came back below where the run begins it. Nothing is read
+    from it in the run, and no later planning calls that data loss."""
+    first_run, broker, offset = available_now_run(str(tmp_path))
+    read: dict[int, list[int]] = {}
+    while offset is not None:   # the first run reads everything
+        last, offset = offset, plan_and_read(first_run, offset, read)
+    caught_up = {(TOPIC, p): n + 4 for p, n in enumerate(LENGTHS)}
+    stale = {**caught_up, (TOPIC, 0): LENGTHS[0] - 3}
+    answers = iter([stale])
+
+    class StaleOnce(FakeBroker):
+        def latest_offsets(self, tps, ahead=None):
+            ends = next(answers, caught_up)
+            return {tp: ends[tp] for tp in tps}
+
+    options = first_run.options
+    restarted = BatchPlanner(options, OutputLayout(), Decoders())
+    restarted.metadata = StaleOnce(broker.tps)
+    restarted.prepare_available_now()   # the end: partition 0 three below what was read
+    offset, more = last, {}
+    plannings = 0
+    while offset is not None:
+        offset = plan_and_read(restarted, offset, more)
+        plannings += 1
+    assert plannings >= 2
+    assert {p: sorted(o) for p, o in more.items()} == {
+        p: list(range(n, n + 4)) for p, n in enumerate(LENGTHS) if p != 0}
