@@ -174,8 +174,9 @@ def test_an_available_now_run_reads_what_was_there_when_it_started(
     from kwatermark.sparkapi import ADMISSION_CONTROL
 
     if not ADMISSION_CONTROL:
-        pytest.skip("pyspark < 4.2 runs AvailableNow on a Python source as one batch "
-                    "(test_spark_versions.py covers it)")
+        pytest.skip("pyspark < 4.2 runs AvailableNow on a Python source as one batch, "
+                    "planned once (docs/operations.md, 'Spark versions'): nothing to plan "
+                    "from the run's end")
     from confluent_kafka.admin import NewPartitions
 
     writer = topic_factory(2)
