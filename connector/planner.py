@@ -4,9 +4,12 @@ idle decisions, and write it all into the next offset."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import heapq
 import logging
 import math
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -15,7 +18,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from kwatermark import idle
+from kwatermark import cadence, idle
 from kwatermark.arrow import OutputLayout
 from kwatermark.broker import Ahead, KafkaMetadata
 from kwatermark.errors import BrokerError, DataLossError, OptionError
@@ -90,8 +93,27 @@ def _folded_fields(record: ProgressRecord | None) -> tuple | None:
     return None if record is None else _folded_of(record)
 
 
+def _exclusive(method):
+    """A planner call that Spark makes, kept apart from a planning prepared on a timer
+    thread (``BatchPlanner._prepare``): the two share the planner's caches."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return call
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A planning prepared ahead of the trigger (kwatermark.cadence): the start offset it
+    is for, when the brokers were asked (its planning time) and their answers coming."""
+    start: BatchOffset
+    asked_ms: int
+    ahead: Ahead
 
 
 def _within(ends: dict[TopicPartition, int], begins: dict[TopicPartition, int],
@@ -192,6 +214,15 @@ class BatchPlanner:
         # end offset has been below what was read (_monotone).
         self._topic_ids: dict[str, str] = {}
         self._behind_since: dict[TopicPartition, float] = {}
+        # Planning ahead of the trigger (kwatermark.cadence): the last plannings' start
+        # times, the timer of the next preparation, what it prepared, and the lock that
+        # keeps it off the planner while Spark's calls run.
+        self._calls: list[int] = []
+        self._preparing: threading.Timer | None = None
+        self._prepared: Prepared | None = None
+        self._limits: ReadLimits | None = None   # the last planning's, for the next one's
+        self._preparation_ms: int | None = None   # how long the last preparation took
+        self._lock = threading.RLock()
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -199,8 +230,14 @@ class BatchPlanner:
         state.update(_policy=None, _folded=None, _tasks=None, _keys=None, latest_seen={},
                      _announced=set(), _known=[], _may_hold=None, _marks={}, _topic_ids={},
                      _behind_since={}, _snapshot_mark=None, _snapshot_marks=None,
-                     _offset_marks=None, _start_marks=None, _start_limits=None)
+                     _offset_marks=None, _start_marks=None, _start_limits=None,
+                     _calls=[], _preparing=None, _prepared=None, _limits=None,
+                     _preparation_ms=None, _lock=None)
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     def offset(self, data: object) -> BatchOffset:
         """``BatchOffset.from_json``, once per offset: Spark passes the JSON of an offset
@@ -331,24 +368,97 @@ class BatchPlanner:
         return BatchOffset(None, {tp: PartitionRange(o, o, PartitionState(last_read_ms=first_seen))
                                   for tp, o in positions.items()})
 
+    @_exclusive
     def prepare_available_now(self) -> None:
         """Fix the end of an AvailableNow run: nothing produced later is read."""
         self._target = self.metadata.latest_offsets(self.assigned())
 
     def latest_offset(self, start: BatchOffset, limits: ReadLimits) -> BatchOffset | None:
         """The next batch's end offset, or None when there is nothing new to read."""
+        called = now_ms()
+        prepared = self._take_prepared(start, called)
+        self._limits = limits
+        with self._lock:
+            try:
+                end = self._latest_offset(start, limits, prepared)
+            finally:
+                self._calls = self._calls[1 - cadence.SEEN:] + [called]
+        self._prepare_next(start if end is None else end)
+        return end
+
+    def _take_prepared(self, start: BatchOffset, called: int) -> Prepared | None:
+        """The planning prepared for ``start`` ahead of this call, if its answers are fresh
+        enough (kwatermark.cadence); a preparation not begun yet is called off, one under
+        way is waited for."""
+        if self._preparing is not None:
+            self._preparing.cancel()
+            self._preparing.join()
+            self._preparing = None
+        prepared, self._prepared = self._prepared, None
+        if prepared is None or not cadence.fresh(prepared.asked_ms, called) or not (
+                prepared.start is start or prepared.start == start):
+            return None
+        return prepared
+
+    def _prepare_next(self, start: BatchOffset) -> None:
+        """Prepare the next planning (from ``start``) just before Spark is expected to ask
+        for it, when the plannings so far came at a regular cadence (kwatermark.cadence).
+        Not in an AvailableNow run, which asks no end offsets after its first planning."""
+        at = cadence.prepare_at(self._calls, cadence.lead(self._preparation_ms))
+        if at is None or self._target is not None:
+            return
+        delay = (at - now_ms()) / 1000
+        if delay <= 0:
+            return
+        timer = threading.Timer(delay, self._prepare, args=(start,))
+        timer.daemon = True
+        timer.name = "kwatermark-prepare"
+        self._preparing = timer
+        timer.start()
+
+    def _prepare(self, start: BatchOffset) -> None:
+        """Ask the brokers the next planning's questions and fold the batch that ends at
+        ``start`` when every range of it has published its progress (never recomputed
+        here: the batch may still run). A failure is left to the planning, which asks and
+        folds again and says what went wrong."""
+        with self._lock:
+            try:
+                asked = now_ms()
+                ahead = self.metadata.ask_ahead(list(start.partitions))
+                if ahead is None:
+                    return
+                self._prepared = Prepared(start, asked, ahead)
+                folded = self.fold(start, recompute=False)
+                if folded is not None and self._limits is not None:
+                    # each partition's watermark and the read limit's inputs, for the
+                    # partitions read so far (the planning's own, unless they change)
+                    self._while_asked(start, folded[0], dict.fromkeys(start.partitions),
+                                      self._limits)
+                # what the next preparation's lead is made of: this one's work and answers
+                # (the end offsets are the slowest; a failed one is asked again anyway)
+                concurrent.futures.wait([ahead.topics, ahead.ends], timeout=cadence.LEAD_MS / 1000)
+                self._preparation_ms = now_ms() - asked
+            except Exception as exc:  # noqa: BLE001 - the planning asks again, and raises
+                log.debug("planning ahead of the trigger: %s", exc)
+
+    def _latest_offset(self, start: BatchOffset, limits: ReadLimits,
+                       prepared: Prepared | None) -> BatchOffset | None:
         self._marks = {}
         # After its first planning an AvailableNow run asks no end offsets: they are the
         # run's target, as Spark's source plans from allDataForTriggerAvailableNow (~30 ms of
         # a planning at 4,096 partitions). Its topics are still listed, so a partition
         # deleted during the run is data loss at once, not a task waiting for it.
         fixed = self._target is not None and self._checked
-        # The topics and the end offsets of the partitions read so far, asked on threads
-        # while the last batch is folded: the brokers answer during Python's work.
-        ahead = self.metadata.ask_ahead(list(start.partitions), ends=not fixed)
-        # The planning time, taken before the brokers are asked: every record appended
-        # before it is in their answer (the processing-time watermark, observe_lags).
-        now = now_ms()
+        if prepared is not None and not fixed:
+            # Asked just before the trigger (kwatermark.cadence): that is the planning time.
+            ahead, now = prepared.ahead, prepared.asked_ms
+        else:
+            # The topics and the end offsets of the partitions read so far, asked on threads
+            # while the last batch is folded: the brokers answer during Python's work.
+            ahead = self.metadata.ask_ahead(list(start.partitions), ends=not fixed)
+            # The planning time, taken as the brokers are asked: every record appended
+            # before it is in their answer (the processing-time watermark, observe_lags).
+            now = now_ms()
         states, emitted_max = self.fold(start)
         previous = max(from_optional(start.watermark), emitted_max)
         # A (re)started query's topics must exist, as when it first started, except those
@@ -856,6 +966,7 @@ class BatchPlanner:
             return True
         return bool(options.min_partitions) and len(nonempty) < options.min_partitions
 
+    @_exclusive
     def packed_tasks(self, offset: BatchOffset) -> list[TaskColumns]:
         """The ranges of ``tasks(offset)`` grouped into Spark tasks (``minRecordsPerPartition``,
         DESIGN §12). Packing changes which task reads a range, never the range's rows or
@@ -867,6 +978,7 @@ class BatchPlanner:
             self._may_hold.update((pack.topic[0], pack.partition[0]) for pack in packs)
         return packs
 
+    @_exclusive
     def pack_keys(self, offset: BatchOffset) -> list[str | None]:
         """The ledger key of each of ``packed_tasks(offset)`` (``ledger.pack_keys``): the
         tasks write their packs' records under them, the next planning's ``fold`` finds
@@ -927,14 +1039,18 @@ class BatchPlanner:
                           for task in pack]
         return found
 
-    def fold(self, offset: BatchOffset) -> tuple[Mapping[TopicPartition, PartitionState], int]:
+    def fold(self, offset: BatchOffset, recompute: bool = True
+             ) -> tuple[Mapping[TopicPartition, PartitionState], int] | None:
         """Each partition's state at ``to`` of the batch ending at ``offset``, and the highest
-        watermark any row of that batch carried."""
+        watermark any row of that batch carried. Without ``recompute``, None (and nothing
+        kept) when a range's progress is not published yet."""
         if self._folded is not None and (self._folded[0] is offset
                                          or self._folded[0] == offset):
             return self._folded[1], self._folded[2]
         tasks, packs = self._tasks_and_packs(offset)
         found = self._records_of(packs, self.pack_keys(offset))
+        if None in found and not recompute:
+            return None
         if None in found:
             # A batch planned by kwatermark's packing rule before (a query upgraded between
             # batches): its tasks wrote their packs' files under that rule's packs and keys.
@@ -1027,6 +1143,7 @@ class BatchPlanner:
                 self._may_hold.add(task.tp)
         return [record for _, record in pack.progress]
 
+    @_exclusive
     def commit(self, end: BatchOffset) -> None:
         """Delete the progress records no batch after ``end`` needs. The first commit of a
         run looks in every partition's directory (records of an earlier run); later ones only

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 
@@ -20,8 +21,10 @@ from pyspark.sql.types import (
 from tests.support.kafka import Record
 from tests.support.streams import (
     Batches,
+    epoch_ms,
     kwatermark_batch,
     kwatermark_stream,
+    progress_offset,
     run_available_now,
 )
 
@@ -229,6 +232,48 @@ def test_stop_and_restart_from_checkpoint_no_loss_no_duplicates(
     run_available_now(frame, checkpoint, seen)
     offsets = keyset(seen.rows)
     assert offsets == sorted((writer.topic, p, o) for p in range(2) for o in range(20))
+
+
+def test_a_processing_time_trigger_plans_ahead_of_its_tick_reading_every_record_once(
+        spark, broker, topic_factory, checkpoint):
+    """Under a regular cadence (a 0.5 s trigger, 24 partitions) the end offsets are asked,
+    and the last batch folded, just before the tick (docs/operations.md, "Planning ahead of
+    the trigger"): such a batch's planning time is before its trigger's, and records
+    produced all along are each read once, those after the early answer by the next
+    batch."""
+    partitions = 24
+    writer = topic_factory(partitions)
+    sent: list[tuple[int, int]] = []
+    frame = kwatermark_stream(spark, broker, writer.topic)
+    batches = Batches()
+    query = (frame.writeStream.foreachBatch(batches.collect)
+             .option("checkpointLocation", checkpoint)
+             .trigger(processingTime="500 milliseconds").start())
+    try:
+        produced_until = time.monotonic() + 8
+        round_ = 0
+        while time.monotonic() < produced_until:   # records arriving between the ticks
+            writer.send([Record(p, 1_000 + round_) for p in range(partitions)])
+            sent += [(p, round_) for p in range(partitions)]
+            round_ += 1
+            time.sleep(0.05)
+        deadline = time.monotonic() + 60
+        while len(batches.rows) < len(sent) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        progress = query.recentProgress
+    finally:
+        query.stop()
+    assert sorted((r["partition"], r["offset"]) for r in batches.rows) == sorted(sent)
+    ahead = []
+    for event in progress:
+        if event["numInputRows"] == 0:
+            continue
+        planned = progress_offset(event["sources"][0]["endOffset"])["@kwatermark"]["plannedAt"]
+        trigger = epoch_ms(datetime.datetime.fromisoformat(event["timestamp"]))
+        if planned < trigger:
+            ahead.append(trigger - planned)
+    assert ahead, "no batch was planned ahead of its trigger"
+    assert max(ahead) <= 250   # cadence.FRESH_MS: never an older answer
 
 
 def test_min_partitions_splits_a_large_range(spark, broker, topic_factory):
