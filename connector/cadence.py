@@ -23,12 +23,13 @@ from itertools import pairwise
 
 # How long before the tick the brokers are asked: as long as the last preparation took
 # (its answers and its fold, whichever came last) and MARGIN_MS, within these bounds; the
-# most until one has been timed. The cut-off of what a batch reads moves earlier by that
-# much, and the planning at the tick is shorter by about as much (at 4,096 partitions the
-# end offsets take ~20 ms between ticks, ~35 inside a planning on a busy 2-core machine).
+# most until one has been timed. A batch's cut-off moves earlier by the lead and its
+# planning at the tick gets shorter by up to as much (at 4,096 partitions a preparation
+# takes ~35 ms): a longer lead only delays records, a shorter one leaves part of the
+# preparation for the planning to wait for.
 LEAD_MS = 100
-MIN_LEAD_MS = 20
-MARGIN_MS = 20
+MIN_LEAD_MS = 10
+MARGIN_MS = 5
 # A prepared planning is used only when Spark plans within this long after it was asked.
 FRESH_MS = 250
 # Cadences shorter than this are not prepared for (the default trigger, an idle query).
@@ -45,7 +46,7 @@ def lead(took_ms: int | None) -> int:
     (None: none timed yet).
 
     >>> lead(None), lead(31), lead(2), lead(400)
-    (100, 51, 22, 100)
+    (100, 36, 10, 100)
     """
     if took_ms is None:
         return LEAD_MS
