@@ -15,6 +15,7 @@ Stall lengths are figures, not assertions: bench/bench_failover.py measures them
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections import Counter
 
@@ -47,7 +48,7 @@ from tests.support.failover import (
     watermark_regressions,
     write_acked,
 )
-from tests.support.streams import kwatermark_batch
+from tests.support.streams import epoch_ms, kwatermark_batch, progress_offset
 
 RATE = 200          # records a second, as in the issue
 CATCH_UP_S = 180    # after the fault, until every acknowledged record is read
@@ -103,6 +104,29 @@ def test_a_rolling_restart_under_a_running_stream_and_sparks_own_source_beside_i
     # Spark's own source rode through the same restart: the reference behaviour.
     assert reply.get("error") is None, reply
     assert_exactly_once(spark_kafka.rows(), writer, "format('kafka')", cluster)
+
+
+def test_a_rolling_restart_under_a_stream_planned_ahead_of_its_trigger(
+        spark, cluster, tmp_path):
+    """24 partitions under the 1 s trigger: the end offsets are asked, and the last batch
+    folded, just before each tick (docs/operations.md, "Planning ahead of the trigger"),
+    and those early questions meet the restarted nodes too."""
+    topic = create_topic(cluster, partitions=24)
+    writer = SteadyWriter(cluster.bootstrap_servers, topic, RATE, partitions=24)
+    stream = RecordedStream(spark, cluster.bootstrap_servers, topic, str(tmp_path / "cp"))
+    try:
+        stream.wait_for(list(writer.acked), CATCH_UP_S)
+        rolling_restart(cluster)
+        stream.check()
+        progress = stream.query.recentProgress
+        finish(stream, writer, cluster)
+    finally:
+        if stream.query.isActive:
+            stream.stop()
+    ahead = [event for event in progress if event["numInputRows"] and progress_offset(
+        event["sources"][0]["endOffset"])["@kwatermark"]["plannedAt"] < epoch_ms(
+        datetime.datetime.fromisoformat(event["timestamp"]))]
+    assert ahead, "no batch was planned ahead of its trigger"
 
 
 def test_a_leader_killed_and_started_again_10_s_later(spark, cluster, tmp_path):
