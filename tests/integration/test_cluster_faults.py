@@ -31,6 +31,8 @@ from kwatermark.pack import PackReader
 from kwatermark.reader import Decoders
 from kwatermark.watermarks import NO_PARTITIONS
 from tests.support.failover import (
+    PARTITIONS,
+    Batch,
     ChildStream,
     RecordedStream,
     SteadyWriter,
@@ -127,6 +129,53 @@ def test_a_rolling_restart_under_a_stream_planned_ahead_of_its_trigger(
         event["sources"][0]["endOffset"])["@kwatermark"]["plannedAt"] < epoch_ms(
         datetime.datetime.fromisoformat(event["timestamp"]))]
     assert ahead, "no batch was planned ahead of its trigger"
+
+
+def test_an_available_now_run_through_a_rolling_restart(spark, cluster, tmp_path):
+    """After its first micro-batch an AvailableNow run plans from the end it fixed when it
+    started, asking the brokers only for its topics: a rolling restart during the run
+    leaves it reading every record once, to that end, and finishing on its own."""
+    from kwatermark.sparkapi import ADMISSION_CONTROL
+
+    if not ADMISSION_CONTROL:
+        pytest.skip("pyspark < 4.2 runs AvailableNow on a Python source as one batch "
+                    "(docs/operations.md, 'Spark versions'): no later planning to restart "
+                    "under")
+    topic = create_topic(cluster)
+    acked = write_acked(cluster.bootstrap_servers, topic,
+                        {p: [f"{p}-{i}" for i in range(300)] for p in range(PARTITIONS)})
+    batches: list[Batch] = []
+
+    def collect(frame, batch_id: int) -> None:
+        rows = frame.select("partition", "offset", "value").collect()
+        batches.append(Batch(batch_id, time.monotonic(), [
+            (r["partition"], r["offset"], bytes(r["value"]).decode()) for r in rows]))
+        time.sleep(1)   # 30 batches span the restarts
+
+    query = (spark.readStream.format("kwatermark")
+             .option("kafka.bootstrap.servers", cluster.bootstrap_servers)
+             .option("subscribe", topic).option("startingOffsets", "earliest")
+             .option("maxOffsetsPerTrigger", "60").load()
+             .writeStream.foreachBatch(collect)
+             .option("checkpointLocation", str(tmp_path / "cp"))
+             .trigger(availableNow=True).start())
+    try:
+        deadline = time.monotonic() + 60
+        while len(batches) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        restarts = rolling_restart(cluster)
+        query.awaitTermination(CATCH_UP_S)
+    finally:
+        if query.isActive:
+            query.stop()
+    assert query.exception() is None
+    planned_during = [b.batch_id for b in batches if restarts[0][1] <= b.at <= restarts[-1][2]]
+    assert len(planned_during) >= 3, "the run did not span the restart"
+    missing, duplicated, unexpected = exactly_once(
+        [row for b in batches for row in b.rows], acked, log_records(cluster, topic))
+    assert (missing, duplicated, unexpected) == ([], [], []), (
+        missing[:3], duplicated[:3], unexpected[:3])
+    assert len(acked) == 300 * PARTITIONS
 
 
 def test_a_leader_killed_and_started_again_10_s_later(spark, cluster, tmp_path):
