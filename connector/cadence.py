@@ -60,7 +60,7 @@ def prepare_at(calls: Sequence[int], lead_ms: int = LEAD_MS) -> int | None:
     at least MIN_INTERVAL_MS. A planning comes a little after its tick, never before it, so
     the tick is where the planning that came soonest after its own puts it. A batch longer
     than the interval (the next one starts at once) or the default trigger has no cadence;
-    one found by chance costs a lookup whose answer is not fresh at the planning.
+    one found by chance costs a lookup, whose answer is used only if fresh.
 
     >>> prepare_at([0, 1_031, 2_002, 3_048])
     3934
@@ -76,6 +76,7 @@ def prepare_at(calls: Sequence[int], lead_ms: int = LEAD_MS) -> int | None:
         return None
     tick = min(call + (SEEN - row) * interval for row, call in enumerate(last))
     return int(tick) - lead_ms
+
 
 def fresh(asked_ms: int, now_ms: int) -> bool:
     """Whether an answer asked at ``asked_ms`` may plan a call at ``now_ms``."""
