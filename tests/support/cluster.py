@@ -22,6 +22,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -119,11 +120,27 @@ class StandaloneCluster:
                 raise AssertionError(f"the workers never registered:\n{self.log_tails()}")
             time.sleep(0.2)
 
-    def alive_workers(self) -> int:
+    def _ui_url(self) -> str | None:
+        """The master's web UI, where its log says it is bound; None before it says so. The
+        port asked (a free one when chosen) may be taken before the master binds it (a
+        driver's or worker's UI on an ephemeral port took it once, 2026-12-08): Spark then
+        binds the next port, and the port asked answers with another UI's HTML."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json", timeout=2) as r:
-                state = json.load(r)
+            text = (self.root / "master.log").read_text(errors="replace")
         except OSError:
+            return None
+        found = re.search(r"Bound MasterWebUI to \S+, and started at http://[^:/\s]+:(\d+)",
+                          text)
+        return f"http://127.0.0.1:{found.group(1)}" if found else None
+
+    def alive_workers(self) -> int:
+        url = self._ui_url()
+        if url is None:
+            return 0
+        try:
+            with urllib.request.urlopen(f"{url}/json", timeout=2) as r:
+                state = json.load(r)
+        except (OSError, ValueError):   # not up yet, or not JSON yet
             return 0
         return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
 
