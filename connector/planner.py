@@ -4,7 +4,6 @@ idle decisions, and write it all into the next offset."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import heapq
 import logging
@@ -18,7 +17,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from kwatermark import cadence, idle
+from kwatermark import idle
 from kwatermark.arrow import OutputLayout
 from kwatermark.broker import Ahead, KafkaMetadata
 from kwatermark.errors import BrokerError, DataLossError, OptionError
@@ -50,6 +49,7 @@ from kwatermark.partition_columns import (
     read_densities,
     with_columns,
 )
+from kwatermark.planning_ahead import PlanningAhead, Prepared
 from kwatermark.reader import Decoders
 from kwatermark.watermarks import (
     NO_PARTITIONS,
@@ -105,15 +105,6 @@ def _exclusive(method):
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A planning prepared ahead of the trigger (kwatermark.cadence): the start offset it
-    is for, when the brokers were asked (its planning time) and their answers coming."""
-    start: BatchOffset
-    asked_ms: int
-    ahead: Ahead
 
 
 def _within(ends: dict[TopicPartition, int], begins: dict[TopicPartition, int],
@@ -214,15 +205,11 @@ class BatchPlanner:
         # end offset has been below what was read (_monotone).
         self._topic_ids: dict[str, str] = {}
         self._behind_since: dict[TopicPartition, float] = {}
-        # Planning ahead of the trigger (kwatermark.cadence): the last plannings' start
-        # times, the timer of the next preparation, what it prepared, and the lock that
+        # Planning ahead of the trigger (kwatermark.planning_ahead), under the lock that
         # keeps it off the planner while Spark's calls run.
-        self._calls: list[int] = []
-        self._preparing: threading.Timer | None = None
-        self._prepared: Prepared | None = None
         self._limits: ReadLimits | None = None   # the last planning's, for the next one's
-        self._preparation_ms: int | None = None   # how long the last preparation took
         self._lock = threading.RLock()
+        self._ahead = self._planning_ahead()
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -231,13 +218,17 @@ class BatchPlanner:
                      _announced=set(), _known=[], _may_hold=None, _marks={}, _topic_ids={},
                      _behind_since={}, _snapshot_mark=None, _snapshot_marks=None,
                      _offset_marks=None, _start_marks=None, _start_limits=None,
-                     _calls=[], _preparing=None, _prepared=None, _limits=None,
-                     _preparation_ms=None, _lock=None)
+                     _limits=None, _lock=None, _ahead=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
+        self._ahead = self._planning_ahead()
+
+    def _planning_ahead(self) -> PlanningAhead:
+        return PlanningAhead(lambda start: self.metadata.ask_ahead(list(start.partitions)),
+                             self._ready_ahead, self._lock, lambda: now_ms())
 
     def offset(self, data: object) -> BatchOffset:
         """``BatchOffset.from_json``, once per offset: Spark passes the JSON of an offset
@@ -376,70 +367,27 @@ class BatchPlanner:
     def latest_offset(self, start: BatchOffset, limits: ReadLimits) -> BatchOffset | None:
         """The next batch's end offset, or None when there is nothing new to read."""
         called = now_ms()
-        prepared = self._take_prepared(start, called)
+        prepared = self._ahead.take(start, called)
         self._limits = limits
         with self._lock:
             try:
                 end = self._latest_offset(start, limits, prepared)
             finally:
-                self._calls = self._calls[1 - cadence.SEEN:] + [called]
-        self._prepare_next(start if end is None else end)
+                self._ahead.planned(called)
+        if self._target is None:   # an AvailableNow run asks no end offsets after its first
+            self._ahead.schedule(start if end is None else end)
         return end
 
-    def _take_prepared(self, start: BatchOffset, called: int) -> Prepared | None:
-        """The planning prepared for ``start`` ahead of this call, if its answers are fresh
-        enough (kwatermark.cadence); a preparation not begun yet is called off, one under
-        way is waited for."""
-        if self._preparing is not None:
-            self._preparing.cancel()
-            self._preparing.join()
-            self._preparing = None
-        prepared, self._prepared = self._prepared, None
-        if prepared is None or not cadence.fresh(prepared.asked_ms, called) or not (
-                prepared.start is start or prepared.start == start):
-            return None
-        return prepared
-
-    def _prepare_next(self, start: BatchOffset) -> None:
-        """Prepare the next planning (from ``start``) just before Spark is expected to ask
-        for it, when the plannings so far came at a regular cadence (kwatermark.cadence).
-        Not in an AvailableNow run, which asks no end offsets after its first planning."""
-        at = cadence.prepare_at(self._calls, cadence.lead(self._preparation_ms))
-        if at is None or self._target is not None:
-            return
-        delay = (at - now_ms()) / 1000
-        if delay <= 0:
-            return
-        timer = threading.Timer(delay, self._prepare, args=(start,))
-        timer.daemon = True
-        timer.name = "kwatermark-prepare"
-        self._preparing = timer
-        timer.start()
-
-    def _prepare(self, start: BatchOffset) -> None:
-        """Ask the brokers the next planning's questions and fold the batch that ends at
-        ``start`` when every range of it has published its progress (never recomputed
-        here: the batch may still run). A failure is left to the planning, which asks and
-        folds again and says what went wrong."""
-        with self._lock:
-            try:
-                asked = now_ms()
-                ahead = self.metadata.ask_ahead(list(start.partitions))
-                if ahead is None:
-                    return
-                self._prepared = Prepared(start, asked, ahead)
-                folded = self.fold(start, recompute=False)
-                if folded is not None and self._limits is not None:
-                    # each partition's watermark and the read limit's inputs, for the
-                    # partitions read so far (the planning's own, unless they change)
-                    self._while_asked(start, folded[0], dict.fromkeys(start.partitions),
-                                      self._limits)
-                # what the next preparation's lead is made of: this one's work and answers
-                # (the end offsets are the slowest; a failed one is asked again anyway)
-                concurrent.futures.wait([ahead.topics, ahead.ends], timeout=cadence.LEAD_MS / 1000)
-                self._preparation_ms = now_ms() - asked
-            except Exception as exc:  # noqa: BLE001 - the planning asks again, and raises
-                log.debug("planning ahead of the trigger: %s", exc)
+    def _ready_ahead(self, start: BatchOffset) -> None:
+        """What a planning prepared ahead of the trigger readies while the brokers answer:
+        the fold of the batch that ends at ``start`` when every range of it has published
+        its progress (never recomputed here: the batch may still run), each partition's
+        watermark and the read limit's inputs."""
+        folded = self.fold(start, recompute=False)
+        if folded is not None and self._limits is not None:
+            # for the partitions read so far (the planning's own, unless they change)
+            self._while_asked(start, folded[0], dict.fromkeys(start.partitions),
+                              self._limits)
 
     def _latest_offset(self, start: BatchOffset, limits: ReadLimits,
                        prepared: Prepared | None) -> BatchOffset | None:
@@ -450,7 +398,7 @@ class BatchPlanner:
         # deleted during the run is data loss at once, not a task waiting for it.
         fixed = self._target is not None and self._checked
         if prepared is not None and not fixed:
-            # Asked just before the trigger (kwatermark.cadence): that is the planning time.
+            # Asked just before the trigger (kwatermark.planning_ahead): that is the planning time.
             ahead, now = prepared.ahead, prepared.asked_ms
         else:
             # The topics and the end offsets of the partitions read so far, asked on threads
