@@ -112,23 +112,32 @@ def test_a_rolling_restart_under_a_stream_planned_ahead_of_its_trigger(
         spark, cluster, tmp_path):
     """24 partitions under the 1 s trigger: the end offsets are asked, and the last batch
     folded, just before each tick (docs/operations.md, "Planning ahead of the trigger"),
-    and those early questions meet the restarted nodes too."""
+    and those early questions meet the restarted nodes too. The restart begins once a
+    batch was planned ahead (four plannings at the cadence first)."""
     topic = create_topic(cluster, partitions=24)
     writer = SteadyWriter(cluster.bootstrap_servers, topic, RATE, partitions=24)
     stream = RecordedStream(spark, cluster.bootstrap_servers, topic, str(tmp_path / "cp"))
     try:
         stream.wait_for(list(writer.acked), CATCH_UP_S)
+        deadline = time.monotonic() + 60
+        while not _planned_ahead(stream.query) and time.monotonic() < deadline:
+            stream.check()
+            time.sleep(0.5)
+        assert _planned_ahead(stream.query), "no batch was planned ahead of its trigger"
         rolling_restart(cluster)
         stream.check()
-        progress = stream.query.recentProgress
         finish(stream, writer, cluster)
     finally:
         if stream.query.isActive:
             stream.stop()
-    ahead = [event for event in progress if event["numInputRows"] and progress_offset(
-        event["sources"][0]["endOffset"])["@kwatermark"]["plannedAt"] < epoch_ms(
-        datetime.datetime.fromisoformat(event["timestamp"]))]
-    assert ahead, "no batch was planned ahead of its trigger"
+
+
+def _planned_ahead(query) -> list[int]:
+    """The ids of the recent batches whose end offsets were asked before their trigger."""
+    return [event["batchId"] for event in query.recentProgress
+            if event["numInputRows"] and progress_offset(
+                event["sources"][0]["endOffset"])["@kwatermark"]["plannedAt"]
+            < epoch_ms(datetime.datetime.fromisoformat(event["timestamp"]))]
 
 
 def test_an_available_now_run_through_a_rolling_restart(spark, cluster, tmp_path):
