@@ -95,7 +95,7 @@ def _folded_fields(record: ProgressRecord | None) -> tuple | None:
 
 def _exclusive(method):
     """A planner call that Spark makes, kept apart from a planning prepared on a timer
-    thread (``BatchPlanner._prepare``): the two share the planner's caches."""
+    thread (``kwatermark.planning_ahead``): the two share the planner's caches."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         with self._lock:
